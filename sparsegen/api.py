@@ -1,0 +1,297 @@
+"""`sparsegen.compile`: read → analyze → select → encode → render → compile → cache → launch."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__, nvcc
+from .analyze import analyze, structure_hash, values_hash
+from .cache import Cache, key, pack_arrays, unpack_arrays
+from .errors import ShapeError, SparsegenError, UnsupportedError
+from .families import family_of
+from .families.base import DTYPES, Request
+from .formats import Plan
+from .io import as_csr, load
+from .render import Provenance, render
+from .select import Selection, select_request
+
+log = logging.getLogger("sparsegen")
+BACKENDS = ("auto", "gpu", "emulate")
+OPS = ("spmm",)
+
+
+@dataclass
+class Timings:
+    """Where compile() spent its time (seconds); `cached` says which stages were cache hits."""
+
+    hash: float = 0.0
+    analyze: float = 0.0
+    encode: float = 0.0
+    nvcc: float = 0.0
+    total: float = 0.0
+    cached: dict = field(default_factory=dict)
+
+
+class Kernel:
+    """A compiled kernel for one matrix: call it like a function.
+
+    `kernel(x)` with a NumPy array copies in and returns NumPy; with a GPU array (anything with
+    `__cuda_array_interface__`) it runs in place on the device and returns a GPU array of the same
+    library, or writes into `out=`.
+    """
+
+    def __init__(self, *, spec, selection, plan, source, request, backend, arch, structure,
+                 stats=None, cubin=None, cubin_key=None, timings=None):
+        self.spec = spec
+        self.selection = selection
+        self.plan = plan
+        self.source = source
+        self.request = request
+        self.backend = backend
+        self.arch = arch
+        self.structure_hash = structure
+        self.stats = stats
+        self.timings = timings or Timings()
+        self._cubin = cubin
+        self._cubin_key = cubin_key
+        self._device_arrays = None
+
+    @property
+    def family(self):
+        return family_of(self.spec)
+
+    @property
+    def shape(self) -> tuple:
+        return (self.plan.constants["m"], self.plan.constants["k"])
+
+    @property
+    def cubin_key(self) -> str:
+        if self._cubin_key is None:
+            self._cubin_key = cubin_key(self.source, self.arch)
+        return self._cubin_key
+
+    @property
+    def cubin(self) -> bytes:
+        """The compiled kernel (compiled on first use when the backend is the emulator)."""
+        if self._cubin is None:
+            self._cubin = _cubin_for(self.source, self.arch, self.spec.name, Cache(), self.timings)
+        return self._cubin
+
+    def device_arrays(self) -> dict:
+        if self._device_arrays is None:
+            from . import runtime
+
+            self._device_arrays = runtime.upload(self.plan.arrays)
+        return self._device_arrays
+
+    def __call__(self, *operands, out=None, stream=None):
+        if self.backend == "emulate":
+            return self._emulate(operands, out)
+        from . import runtime
+
+        return runtime.run(self, operands, out=out, stream=stream)
+
+    def _emulate(self, operands, out):
+        expected, expected_out = self.family.operands(self.spec, self.plan)
+        if len(operands) != len(expected):
+            raise ShapeError(f"{self.spec.family} takes {len(expected)} operand(s), got {len(operands)}")
+        inputs = {}
+        for x, exp in zip(operands, expected):
+            if hasattr(x, "__cuda_array_interface__"):
+                raise ShapeError(f"input {exp.name}: the emulator takes NumPy arrays, got a GPU array")
+            x = np.asarray(x)
+            if x.shape != tuple(exp.shape) or x.dtype != np.dtype(exp.dtype):
+                raise ShapeError(f"input {exp.name}: expected {exp.dtype} {tuple(exp.shape)}, got {x.dtype} {x.shape}")
+            inputs[exp.name] = x
+        y = self.family.emulate(self.spec, self.plan, inputs)
+        if out is not None:
+            if out.shape != y.shape or out.dtype != y.dtype:
+                raise ShapeError(f"out: expected {y.dtype} {y.shape}, got {out.dtype} {out.shape}")
+            out[...] = y
+            return out
+        return y
+
+    def dump(self, directory) -> dict:
+        """Write `<spec>.cu`, `<spec>.cubin`, `selection.json` and `<spec>.sass` (with cuobjdump)."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        name = self.spec.name
+        written = {"source": d / f"{name}.cu", "selection": d / "selection.json"}
+        written["source"].write_text(self.source)
+        written["selection"].write_text(json.dumps(self.describe(), indent=2) + "\n")
+        written["cubin"] = d / f"{name}.cubin"
+        written["cubin"].write_bytes(self.cubin)
+        text = nvcc.sass(str(written["cubin"]))
+        if text is not None:
+            written["sass"] = d / f"{name}.sass"
+            written["sass"].write_text(text)
+        return written
+
+    def describe(self) -> dict:
+        return {
+            "sparsegen": __version__,
+            "request": vars(self.request),
+            "arch": self.arch,
+            "structure_hash": self.structure_hash,
+            "selection": self.selection.to_dict(),
+            "plan": self.plan.describe(),
+            "stats": self.stats.to_dict() if self.stats is not None else None,
+        }
+
+    def __repr__(self) -> str:
+        return f"<sparsegen.Kernel {self.spec.name} {self.shape[0]}x{self.shape[1]} backend={self.backend}>"
+
+
+def cubin_key(source: str, arch: str) -> str:
+    """Keyed on the body only: the provenance header is comments, so kernels that differ only in
+    which matrix they were made for share one cubin."""
+    body = source.split("*/\n", 1)[1] if source.startswith("/*") else source
+    return key("cubin", body, arch, nvcc.toolchain_id(), " ".join(nvcc.FLAGS))
+
+
+def _cubin_for(source: str, arch: str, name: str, cache: Cache, timings: Timings) -> bytes:
+    k = cubin_key(source, arch)
+    cubin = cache.get("cubin", k)
+    timings.cached["cubin"] = cubin is not None
+    if cubin is None:
+        t = time.perf_counter()
+        cubin = nvcc.compile_cubin(source, arch, name=name)
+        timings.nvcc = time.perf_counter() - t
+        cache.put("cubin", k, cubin)
+    return cubin
+
+
+def _resolve_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise SparsegenError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    if backend != "auto":
+        return backend
+    from . import runtime
+
+    if runtime.available():
+        return "gpu"
+    warnings.warn("no CUDA GPU with PyCUDA here: sparsegen runs the kernel in its NumPy emulator "
+                  "(backend='emulate')", RuntimeWarning, stacklevel=3)
+    return "emulate"
+
+
+def _resolve_arch(arch: str | None, backend: str) -> str:
+    if arch:
+        return nvcc.check_arch(arch)
+    if os.environ.get("SPARSEGEN_ARCH"):
+        return nvcc.check_arch(os.environ["SPARSEGEN_ARCH"])
+    if backend == "gpu":
+        from . import runtime
+
+        return runtime.current_arch() or nvcc.DEFAULT_ARCH
+    return nvcc.DEFAULT_ARCH
+
+
+def _bias_vector(bias, m: int) -> np.ndarray | None:
+    if bias is None:
+        return None
+    b = np.asarray(bias, dtype=np.float32)
+    if b.ndim == 0:
+        return np.full(m, float(b), dtype=np.float32)
+    if b.shape != (m,):
+        raise ShapeError(f"bias: expected a scalar or shape ({m},), got {b.shape}")
+    if not np.isfinite(b).all():
+        raise ShapeError("bias: contains NaN or inf")
+    return np.ascontiguousarray(b)
+
+
+def _request(op, n, k, dtype, arch, bias, relu) -> Request:
+    if op not in OPS:
+        raise UnsupportedError(f"op {op!r}: expected one of {', '.join(OPS)}")
+    if dtype not in DTYPES:
+        raise UnsupportedError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    if op == "spmm" and (not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1):
+        raise ShapeError(f"n (columns of the dense operand) must be a positive integer, got {n!r}")
+    return Request(op=op, n=int(n) if n is not None else None, k=k, dtype=dtype, arch=arch,
+                   bias=bias is not None, relu=bool(relu))
+
+
+def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = None,  # noqa: A001
+            dtype: str = "float32", bias=None, relu: bool = False, arch: str | None = None,
+            backend: str = "auto", reproduce: str = "", **load_options) -> Kernel:
+    """Compile a kernel specialised for `matrix` (scipy sparse, dense 2-D array, or a file path).
+
+    op="spmm" computes Y = A·X (+ bias per row, then ReLU when asked) for X of shape (A.cols, n).
+    backend: "gpu", "emulate" (NumPy, exactly as the kernel reads the plan) or "auto" (GPU when
+    there is one). Plans and cubins are cached (see README: Cache).
+    """
+    t0 = time.perf_counter()
+    timings = Timings()
+    if isinstance(matrix, (str, os.PathLike)):
+        reproduce = reproduce or f"sparsegen compile {matrix} --op {op} --n {n} --dtype {dtype}"
+        matrix = load(matrix, **load_options)
+    elif load_options:
+        raise SparsegenError(f"unexpected options {sorted(load_options)} (reader options apply to file paths)")
+    csr = as_csr(matrix)
+    backend = _resolve_backend(backend)
+    arch = _resolve_arch(arch, backend)
+    request = _request(op, n, k, dtype, arch, bias, relu)
+    bias_vec = _bias_vector(bias, csr.shape[0])
+    cache = Cache()
+
+    t = time.perf_counter()
+    structure = structure_hash(csr)
+    plan_key = key("plan", __version__, structure, values_hash(csr),
+                   bias_vec.tobytes() if bias_vec is not None else b"", repr(sorted(vars(request).items())))
+    timings.hash = time.perf_counter() - t
+    kernel = _load_plan(cache, plan_key, request, backend, arch, structure, timings)
+    if kernel is None:
+        kernel = _build(csr, request, bias_vec, backend, arch, structure, reproduce, timings)
+        meta = {"selection": kernel.selection.to_dict(),
+                "plan": {"format": kernel.plan.format, "constants": kernel.plan.constants},
+                "source": kernel.source, "stats": kernel.stats.to_dict()}
+        cache.put("plan", plan_key, pack_arrays(meta, kernel.plan.arrays))
+    if backend == "gpu":
+        kernel._cubin = _cubin_for(kernel.source, arch, kernel.spec.name, cache, timings)
+    timings.total = time.perf_counter() - t0
+    return kernel
+
+
+def _build(csr, request, bias_vec, backend, arch, structure, reproduce, timings) -> Kernel:
+    t = time.perf_counter()
+    stats = analyze(csr)
+    selection = select_request(stats, request)
+    timings.analyze = time.perf_counter() - t
+    t = time.perf_counter()
+    plan = family_of(selection.spec).encode(csr, selection.spec, bias_vec)
+    timings.encode = time.perf_counter() - t
+    if not reproduce:
+        reproduce = (f"sparsegen.compile(<matrix {csr.shape[0]}x{csr.shape[1]}, nnz {csr.nnz}>, op={request.op!r}, "
+                     f"n={request.n}, dtype={request.dtype!r}, arch={arch!r})")
+    source = render(selection.spec, Provenance(structure, reproduce))
+    timings.cached["plan"] = False
+    return Kernel(spec=selection.spec, selection=selection, plan=plan, source=source, request=request,
+                  backend=backend, arch=arch, structure=structure, stats=stats, timings=timings)
+
+
+def _load_plan(cache, plan_key, request, backend, arch, structure, timings) -> Kernel | None:
+    payload = cache.get("plan", plan_key)
+    if payload is None:
+        return None
+    try:
+        meta, arrays = unpack_arrays(payload)
+        selection = Selection.from_dict(meta["selection"])
+        spec = selection.spec
+        plan = Plan(meta["plan"]["format"], arrays, meta["plan"]["constants"])
+        from .analyze import MatrixStats
+
+        stats = MatrixStats.from_dict(meta["stats"])
+    except Exception as exc:  # an entry written by another version, or damaged past its checksum
+        log.warning("cache: unreadable plan entry %s (%s); rebuilding", plan_key, exc)
+        return None
+    timings.cached["plan"] = True
+    return Kernel(spec=spec, selection=selection, plan=plan, source=meta["source"], request=request,
+                  backend=backend, arch=arch, structure=structure, stats=stats, timings=timings)
+

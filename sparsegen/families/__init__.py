@@ -1,0 +1,20 @@
+"""The kernel families, in selection order. Adding a family: import it here and append it."""
+from __future__ import annotations
+
+from . import csr_rowsplit
+
+# Ordered: the first rule that accepts wins; specialised families go before the baseline.
+ORDER = (csr_rowsplit,)
+FAMILIES = {fam.FAMILY: fam for fam in ORDER}
+RULES = tuple(rule for fam in ORDER for rule in fam.RULES)
+
+
+def family_of(spec):
+    return FAMILIES[spec.family]
+
+
+def spec_from_dict(d: dict):
+    """Rebuild a spec from `spec.to_dict()` (the plan cache stores specs this way)."""
+    fam = FAMILIES[d["family"]]
+    fields = {k: v for k, v in d.items() if k not in ("family", "name")}
+    return fam.Spec(**fields)

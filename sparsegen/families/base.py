@@ -1,0 +1,116 @@
+"""What every kernel family shares: the request, the spec base class, rules and launch geometry.
+
+A family is one kernel design. Its module under `sparsegen/families/` defines a frozen `Spec`
+dataclass (every template parameter), `RULES` (named selection rules), `FORMAT` (the module in
+`sparsegen/formats/` that encodes and emulates its data layout), `KERNEL` (the `extern "C"` name),
+`ARGUMENTS` (the kernel's parameter list), `operands()` and `launch()`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+DTYPES = {"float32": "f32", "float16": "f16"}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the caller asked for, independent of the matrix."""
+
+    op: str
+    n: int | None = None
+    k: int | None = None
+    dtype: str = "float32"
+    arch: str = "sm_90"
+    bias: bool = False
+    relu: bool = False
+
+    @property
+    def short_dtype(self) -> str:
+        return DTYPES[self.dtype]
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Base of every family's spec: frozen, and `name` spells every template parameter."""
+
+    family: ClassVar[str] = ""
+
+    @property
+    def name(self) -> str:  # pragma: no cover - every family overrides it
+        raise NotImplementedError
+
+    @property
+    def template(self) -> str:
+        return f"{self.family}.cu.j2"
+
+    def fields(self) -> dict:
+        """The template's variables: the spec's fields and nothing else."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def to_dict(self) -> dict:
+        return {"family": self.family, "name": self.name, **self.fields()}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A rule's answer: a spec (accepted) or None (declined), with a one-line reason."""
+
+    spec: KernelSpec | None
+    reason: str
+
+    @property
+    def accepted(self) -> bool:
+        return self.spec is not None
+
+
+def accept(spec: KernelSpec, reason: str) -> Decision:
+    return Decision(spec, reason)
+
+
+def decline(reason: str) -> Decision:
+    return Decision(None, reason)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One named entry of the ordered selection table."""
+
+    name: str
+    family: str
+    decide: Callable  # (MatrixStats, Request) -> Decision
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One kernel parameter: where its value comes from.
+
+    kind: "plan" (a device copy of plan.arrays[name]), "input" / "output" (a caller operand),
+    "int" (plan.constants[name] as a 32-bit integer).
+    """
+
+    name: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class Operand:
+    name: str
+    shape: tuple
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Launch:
+    grid: tuple
+    block: tuple
+    shared_bytes: int = 0
+
+
+def next_pow2(x: int) -> int:
+    return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
+
+
+def prev_pow2(x: float) -> int:
+    return 1 if x < 2 else 1 << (int(x).bit_length() - 1)

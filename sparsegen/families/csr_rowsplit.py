@@ -1,0 +1,128 @@
+"""`csr_rowsplit`: the CSR baseline SpMM, Y = A·X (+ bias, ReLU).
+
+A group of `lanes_col × lanes_k` threads owns one row and a tile of `lanes_col × vec` output
+columns. The group loads a chunk of the row's nonzeros cooperatively (one per lane, coalesced),
+then broadcasts them by warp shuffle; each thread accumulates `vec` columns of X with vector loads.
+`lanes_k > 1` splits the row's nonzeros across lanes (long rows, narrow n) and adds the partial
+sums by shuffle at the end. One lane per row and per column vector is the scalar
+thread-per-output kernel for short rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..formats import csr as FORMAT  # noqa: N812 - the family's format module
+from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, next_pow2, prev_pow2
+
+FAMILY = "csr_rowsplit"
+KERNEL = "csr_rowsplit_spmm"
+WARP = 32
+VEC_BYTES_MAX = 16  # widest vector load: float4 / 8 halves
+
+
+@dataclass(frozen=True)
+class Spec(KernelSpec):
+    family: ClassVar[str] = FAMILY
+    dtype: str  # "f32" | "f16": storage of A's values, X and Y; accumulation is always fp32
+    n: int  # dense columns, a compile-time constant
+    vec: int  # elements of X and Y per vector load
+    lanes_col: int  # lanes across output columns
+    lanes_k: int  # lanes across a row's nonzeros
+    block: int  # threads per block
+    bias: bool = False
+    relu: bool = False
+
+    @property
+    def name(self) -> str:
+        epi = "".join(f".{e}" for e, on in (("bias", self.bias), ("relu", self.relu)) if on)
+        return (f"{FAMILY}.{self.dtype}.n{self.n}.v{self.vec}."
+                f"c{self.lanes_col}k{self.lanes_k}.b{self.block}{epi}")
+
+    @property
+    def lanes(self) -> int:
+        return self.lanes_col * self.lanes_k
+
+    @property
+    def tile_n(self) -> int:
+        return self.lanes_col * self.vec
+
+    @property
+    def rows_per_block(self) -> int:
+        return self.block // self.lanes
+
+
+def widest_vector(n: int, itemsize: int) -> int:
+    """The widest power-of-two vector (at most 16 bytes) that divides n, so every row of X and Y
+    starts aligned to it."""
+    vec = VEC_BYTES_MAX // itemsize
+    while vec > 1 and n % vec:
+        vec //= 2
+    return vec
+
+
+def choose(stats, request: Request) -> tuple[Spec, str]:
+    """Pick vector width and lane split from n and the row-length statistics."""
+    itemsize = 4 if request.dtype == "float32" else 2
+    n = request.n
+    vec = widest_vector(n, itemsize)
+    lanes_col = min(WARP, next_pow2(-(-n // vec)))
+    mean = stats.row_lengths.mean
+    # Split a row's nonzeros over spare lanes only when each of them still gets a few (>= 2).
+    lanes_k = min(WARP // lanes_col, prev_pow2(max(1.0, mean / 2)))
+    block = 128
+    spec = Spec(request.short_dtype, n, vec, lanes_col, lanes_k, block, request.bias, request.relu)
+    if spec.lanes == 1:
+        shape = "one thread per row and output vector (short rows, narrow n)"
+    elif lanes_k == 1:
+        shape = f"{lanes_col} lanes per row across columns"
+    else:
+        shape = f"{lanes_col} lanes across columns x {lanes_k} splitting each row's nonzeros"
+    reason = (f"rows avg {mean:.1f} nnz (CoV {stats.row_lengths.cov:.2f}), n={n}: "
+              f"{vec}-wide loads, {shape}, {spec.rows_per_block} rows per {block}-thread block")
+    return spec, reason
+
+
+def _rule(stats, request: Request):
+    if request.op != "spmm":
+        return decline(f"op {request.op!r} is not spmm")
+    if request.dtype not in ("float32", "float16"):
+        return decline(f"dtype {request.dtype} not in float32/float16")
+    if stats.nnz >= 2**31 or max(stats.shape) >= 2**31:
+        return decline("matrix needs 64-bit indices")
+    return accept(*choose(stats, request))
+
+
+RULES = (Rule("csr_rowsplit", FAMILY, _rule),)
+
+ARGUMENTS = (Arg("indptr", "plan"), Arg("indices", "plan"), Arg("values", "plan"),
+             Arg("x", "input"), Arg("bias", "plan"), Arg("y", "output"), Arg("m", "int"))
+
+
+def arguments(spec: Spec) -> tuple[Arg, ...]:
+    return tuple(a for a in ARGUMENTS if a.name != "bias" or spec.bias)
+
+
+def encode(csr, spec: Spec, bias=None):
+    return FORMAT.encode(csr, "float32" if spec.dtype == "f32" else "float16", bias)
+
+
+def operands(spec: Spec, plan) -> tuple[tuple[Operand, ...], Operand]:
+    dtype = "float32" if spec.dtype == "f32" else "float16"
+    m, k = plan.constants["m"], plan.constants["k"]
+    return (Operand("x", (k, spec.n), dtype),), Operand("y", (m, spec.n), dtype)
+
+
+def launch(spec: Spec, plan) -> Launch:
+    m = plan.constants["m"]
+    grid = (-(-m // spec.rows_per_block), -(-spec.n // spec.tile_n), 1)
+    return Launch(grid, (spec.block, 1, 1), 0)
+
+
+def alignment(spec: Spec) -> int:
+    """Bytes every X and Y pointer must be aligned to (vector loads)."""
+    return spec.vec * (4 if spec.dtype == "f32" else 2)
+
+
+def emulate(spec: Spec, plan, inputs: dict):
+    return FORMAT.spmm(plan, inputs["x"], relu=spec.relu)

@@ -1,0 +1,36 @@
+"""Plain CSR, as the `csr_rowsplit` family reads it: int32 row offsets and columns, values in the
+storage dtype, an optional fp32 per-row bias."""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from . import Plan, as_index
+
+NAME = "csr"
+
+
+def encode(csr: sp.csr_matrix, dtype: str, bias: np.ndarray | None = None) -> Plan:
+    """Encode a canonical CSR matrix; `bias` (one fp32 value per row) is kept for the epilogue."""
+    m, k = csr.shape
+    arrays = {
+        "indptr": as_index(csr.indptr),
+        "indices": as_index(csr.indices),
+        "values": np.ascontiguousarray(csr.data, dtype=np.dtype(dtype)),
+    }
+    if bias is not None:
+        arrays["bias"] = np.ascontiguousarray(bias, dtype=np.float32)
+    return Plan(NAME, arrays, {"m": int(m), "k": int(k), "nnz": int(csr.nnz)})
+
+
+def spmm(plan: Plan, x: np.ndarray, *, relu: bool = False, out_dtype=None) -> np.ndarray:
+    """What the kernel computes from the plan's arrays: fp32 products and sums, epilogue, one cast."""
+    c = plan.constants
+    a = plan.arrays
+    mat = sp.csr_matrix((a["values"].astype(np.float32), a["indices"], a["indptr"]), shape=(c["m"], c["k"]))
+    y = np.asarray(mat @ np.asarray(x, dtype=np.float32), dtype=np.float32)
+    if "bias" in a:
+        y += a["bias"][:, None]
+    if relu:
+        np.maximum(y, 0.0, out=y)
+    return y.astype(out_dtype or a["values"].dtype, copy=False)

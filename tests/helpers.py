@@ -1,0 +1,43 @@
+"""Small shared builders for tests (random matrices with controlled structure)."""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+
+def random_csr(m, k, density, seed=0, dtype=np.float32, empty_rows=0.0):
+    """Random CSR with values in N(0,1); a share `empty_rows` of rows is emptied."""
+    rng = np.random.default_rng(seed)
+    a = sp.random(m, k, density=density, format="csr", random_state=rng, dtype=np.float64,
+                  data_rvs=rng.standard_normal)
+    if empty_rows and m:
+        keep = rng.random(m) >= empty_rows
+        a = sp.diags(keep.astype(np.float64)) @ a
+    a = sp.csr_matrix(a, dtype=dtype)
+    a.eliminate_zeros()
+    a.sort_indices()
+    return a
+
+
+def reference(a, x, bias=None, relu=False):
+    y = a.astype(np.float64) @ np.asarray(x, dtype=np.float64)
+    if bias is not None:
+        y = y + np.asarray(bias, dtype=np.float64).reshape(-1, 1)
+    return np.maximum(y, 0.0) if relu else y
+
+
+def rel_error(y, ref) -> float:
+    ref = np.asarray(ref, dtype=np.float64)
+    diff = np.linalg.norm(np.asarray(y, dtype=np.float64) - ref)
+    denom = np.linalg.norm(ref)
+    return float(diff / denom) if denom else float(diff)
+
+
+TOL = {"float32": 1e-5, "float16": 1e-2}
+
+
+def rounded(a, dtype):
+    """`a` with values rounded to `dtype` but stored as float32 (scipy.sparse has no float16)."""
+    a = sp.csr_matrix(a, dtype=np.float32, copy=True)
+    a.data = a.data.astype(dtype).astype(np.float32)
+    return a

@@ -1,0 +1,136 @@
+"""sparsegen.compile on the CPU (emulator backend): the pipeline, the plan cache, the errors."""
+from __future__ import annotations
+
+import importlib
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import sparsegen
+from sparsegen.errors import FormatError, ShapeError, SparsegenError, UnsupportedError
+
+from .helpers import random_csr, reference, rel_error
+
+
+def test_compile_returns_a_kernel_exposing_every_stage():
+    a = random_csr(100, 80, 0.1, seed=1)
+    k = sparsegen.compile(a, op="spmm", n=16, backend="emulate")
+    assert k.spec.name.startswith("csr_rowsplit.f32.n16.")
+    assert k.selection.spec == k.spec and k.selection.reason
+    assert k.source.startswith("/*") and 'extern "C"' in k.source
+    assert set(k.plan.arrays) == {"indptr", "indices", "values"}
+    assert k.shape == (100, 80) and k.stats.nnz == a.nnz
+    x = np.random.default_rng(0).standard_normal((80, 16)).astype(np.float32)
+    assert rel_error(k(x), reference(a, x)) <= 1e-5
+    out = np.empty((100, 16), np.float32)
+    assert k(x, out=out) is out
+
+
+def test_compile_accepts_dense_arrays_and_other_sparse_formats():
+    d = np.array([[0, 2.0, 0], [1.0, 0, 0]], dtype=np.float32)
+    for m in (d, sp.coo_matrix(d), sp.csc_array(d)):
+        k = sparsegen.compile(m, n=2, backend="emulate")
+        assert np.allclose(k(np.eye(3, 2, dtype=np.float32)), d @ np.eye(3, 2))
+
+
+def test_compile_a_file_path_with_reader_options(examples_dir):
+    k = sparsegen.compile(examples_dir / "n1024-l1.tsv.gz", n=4, backend="emulate", shape=(1024, 1024))
+    assert k.shape == (1024, 1024)
+    assert "reproduce: sparsegen compile" in k.source
+
+
+def test_bias_and_relu_fuse():
+    a = random_csr(50, 40, 0.2, seed=2)
+    x = np.random.default_rng(1).standard_normal((40, 8)).astype(np.float32)
+    k = sparsegen.compile(a, n=8, bias=-0.5, relu=True, backend="emulate")
+    assert k.spec.bias and k.spec.relu and k.spec.name.endswith(".bias.relu")
+    assert rel_error(k(x), reference(a, x, np.full(50, -0.5), True)) <= 1e-6
+
+
+@pytest.mark.parametrize("kwargs,error,needle", [
+    ({"n": 0}, ShapeError, "positive integer"),
+    ({"n": 2.5}, ShapeError, "positive integer"),
+    ({"n": 4, "op": "spgemm"}, UnsupportedError, "spgemm"),
+    ({"n": 4, "dtype": "float64"}, UnsupportedError, "float64"),
+    ({"n": 4, "bias": [1.0, 2.0]}, ShapeError, "bias"),
+    ({"n": 4, "backend": "tpu"}, SparsegenError, "backend"),
+    ({"n": 4, "arch": "sm90"}, SparsegenError, "sm_XY"),
+])
+def test_bad_requests_are_named(kwargs, error, needle):
+    with pytest.raises(error, match=needle):
+        sparsegen.compile(random_csr(10, 10, 0.3), **{"backend": "emulate", **kwargs})
+
+
+def test_non_finite_values_are_rejected():
+    a = random_csr(10, 10, 0.5)
+    a.data[3] = np.nan
+    with pytest.raises(FormatError, match="NaN|non-finite|finite"):
+        sparsegen.compile(a, n=4, backend="emulate")
+
+
+def test_operand_errors_name_expected_and_given():
+    k = sparsegen.compile(random_csr(10, 12, 0.3), n=4, backend="emulate")
+    with pytest.raises(ShapeError, match=r"expected float32 \(12, 4\), got float32 \(4, 12\)"):
+        k(np.zeros((4, 12), np.float32))
+    with pytest.raises(ShapeError, match="float64"):
+        k(np.zeros((12, 4)))
+
+
+def test_warm_compile_loads_the_plan_and_runs_no_analysis(monkeypatch):
+    a = random_csr(300, 200, 0.05, seed=9)
+    cold = sparsegen.compile(a, n=32, backend="emulate")
+    assert cold.timings.cached["plan"] is False
+    api = importlib.import_module("sparsegen.api")
+
+    def boom(*_):
+        raise AssertionError("analysis ran on a warm compile")
+
+    monkeypatch.setattr(api, "analyze", boom)
+    monkeypatch.setattr(api, "select_request", boom)
+    warm = sparsegen.compile(a, n=32, backend="emulate")
+    assert warm.timings.cached["plan"] is True
+    assert warm.spec == cold.spec and warm.source == cold.source
+    assert warm.selection.to_dict() == cold.selection.to_dict()
+    for name, arr in cold.plan.arrays.items():
+        assert np.array_equal(warm.plan.arrays[name], arr)
+    assert warm.stats == cold.stats
+
+
+def test_plan_key_separates_values_bias_n_and_dtype():
+    a = random_csr(60, 60, 0.1, seed=4)
+    b = a.copy()
+    b.data *= 2
+    sparsegen.compile(a, n=8, backend="emulate")
+    for other in (dict(matrix=b, n=8), dict(matrix=a, n=9), dict(matrix=a, n=8, dtype="float16"),
+                  dict(matrix=a, n=8, bias=1.0)):
+        k = sparsegen.compile(backend="emulate", **other)
+        assert k.timings.cached["plan"] is False, other
+
+
+def test_auto_backend_without_gpu_warns_and_emulates(monkeypatch):
+    runtime = importlib.import_module("sparsegen.runtime")
+    monkeypatch.setattr(runtime, "available", lambda: False)
+    with pytest.warns(RuntimeWarning, match="emulator"):
+        k = sparsegen.compile(random_csr(5, 5, 0.5), n=2)
+    assert k.backend == "emulate"
+
+
+def test_describe_is_json():
+    k = sparsegen.compile(random_csr(30, 30, 0.1), n=8, backend="emulate")
+    d = json.loads(json.dumps(k.describe()))
+    assert d["selection"]["spec"] == k.spec.name and d["stats"]["nnz"] == k.stats.nnz
+
+
+@pytest.mark.nvcc
+def test_dump_writes_source_cubin_selection_and_sass(tmp_path):
+    k = sparsegen.compile(random_csr(30, 30, 0.1), n=8, backend="emulate")
+    written = k.dump(tmp_path)
+    name = k.spec.name
+    assert (tmp_path / f"{name}.cu").read_text() == k.source
+    assert (tmp_path / f"{name}.cubin").read_bytes()[:4] == b"\x7fELF"
+    sel = json.loads((tmp_path / "selection.json").read_text())
+    assert sel["selection"]["reason"] == k.selection.reason and "stats" in sel
+    if "sass" in written:
+        assert "csr_rowsplit_spmm" in written["sass"].read_text()

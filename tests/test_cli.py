@@ -1,0 +1,122 @@
+"""The command line: inspect, compile, demo, cache; bad input is one line and exit status 2."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparsegen.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_inspect_graph_challenge_layer(capsys, examples_dir):
+    code, out, _ = run(capsys, "inspect", examples_dir / "n1024-l1.tsv.gz")
+    assert code == 0
+    assert "shape       1024 x 1024   nnz 32768" in out
+    assert "rows        min 32  max 32  mean 32.00  std 0.00  CoV 0.000  empty 0" in out
+    assert "footprint   distinct columns per block of rows: 32 rows: mean 528.0 max 528" in out
+    assert "ell pad     1.000" in out
+    assert "selection   csr_rowsplit.f32.n128.v4.c32k1.b128" in out
+    assert "reason      rows avg 32.0 nnz" in out
+
+
+def test_inspect_json_has_the_documented_keys(capsys, examples_dir):
+    code, out, _ = run(capsys, "inspect", examples_dir / "dlmc-transformer-mp0.9-encoder0-ffn1.smtx.gz",
+                       "--json", "--n", "32", "--dtype", "float16")
+    record = json.loads(out)
+    for k in ("shape", "nnz", "density", "row_lengths", "footprint", "ell_padding", "tiles",
+              "structure_hash", "selection"):
+        assert k in record
+    assert record["shape"] == [2048, 512] and record["nnz"] == 104857
+    assert set(record["row_lengths"]) >= {"min", "max", "mean", "std", "cov", "empty"}
+    assert record["selection"]["family"] == "csr_rowsplit"
+    assert record["selection"]["spec"].startswith("csr_rowsplit.f16.n32.v8.c4")
+    assert record["selection"]["reason"]
+
+
+def test_inspect_source(capsys, examples_dir):
+    code, out, _ = run(capsys, "inspect", examples_dir / "n1024-l1.tsv.gz", "--source", "--n", "7")
+    assert code == 0 and "constexpr int N = 7;" in out and "reproduce: sparsegen inspect" in out
+
+
+def test_inspect_plot(tmp_path, capsys, examples_dir):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "m.png"
+    code, out, _ = run(capsys, "inspect", examples_dir / "n1024-l1.tsv.gz", "--plot", png)
+    assert code == 0 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("1\t1\t0.5\n2\tx\t1\n", ":2: expected"),
+    ("", "empty"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, capsys, content, needle):
+    f = tmp_path / "bad.tsv"
+    f.write_text(content)
+    code, out, err = run(capsys, "inspect", f)
+    assert code == 2
+    assert err.startswith("sparsegen: error: ") and err.count("\n") == 1 and needle in err
+    assert "Traceback" not in err
+
+
+def test_missing_file_and_unknown_extension(tmp_path, capsys):
+    code, _, err = run(capsys, "inspect", tmp_path / "nope.tsv")
+    assert code == 2 and "nope.tsv" in err and err.count("\n") == 1
+    (tmp_path / "m.xyz").write_text("1 2 3\n")
+    code, _, err = run(capsys, "inspect", tmp_path / "m.xyz")
+    assert code == 2 and "m.xyz" in err
+
+
+def test_unsupported_request_exit_2(capsys, examples_dir):
+    code, _, err = run(capsys, "inspect", examples_dir / "n1024-l1.tsv.gz", "--op", "sddmm")
+    assert code == 2 and "no kernel family accepts" in err and "csr_rowsplit" in err
+
+
+@pytest.mark.nvcc
+def test_compile_dump(tmp_path, capsys, examples_dir):
+    code, out, _ = run(capsys, "compile", examples_dir / "n1024-l1.tsv.gz", "--op", "spmm", "--n", "64",
+                       "--dtype", "float16", "--dump", tmp_path)
+    assert code == 0
+    name = "csr_rowsplit.f16.n64.v8.c8k4.b128"
+    assert (tmp_path / f"{name}.cu").read_text().startswith("/*")
+    assert (tmp_path / f"{name}.cubin").exists()
+    sel = json.loads((tmp_path / "selection.json").read_text())
+    assert sel["selection"]["spec"] == name
+    assert f"wrote   {tmp_path / (name + '.cu')}" in out
+
+
+def test_demo_runs_in_the_emulator(capsys):
+    code, out, _ = run(capsys, "demo", "--backend", "emulate")
+    assert code == 0
+    assert out.count("-> PASS") == 3 and "all checks passed" in out
+
+
+def test_cache_commands(capsys):
+    code, out, _ = run(capsys, "cache", "info")
+    assert code == 0 and "directory" in out and "plan" in out
+    code, out, _ = run(capsys, "cache", "list")
+    assert code == 0
+    code, out, _ = run(capsys, "cache", "clear")
+    assert code == 0 and out.startswith("removed")
+    code, out, _ = run(capsys, "cache", "info")
+    assert "plan       0 entries" in out
+
+
+def test_python_dash_m_and_debug_traceback(tmp_path):
+    env_py = [sys.executable, "-m", "sparsegen"]
+    out = subprocess.run(env_py + ["--version"], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0 and out.stdout.startswith("sparsegen ")
+    bad = tmp_path / "bad.mtx"
+    bad.write_text("garbage\n")
+    out = subprocess.run(env_py + ["--debug", "inspect", str(bad)], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode != 0 and "Traceback" in out.stderr
