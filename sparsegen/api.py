@@ -6,6 +6,7 @@ import logging
 import os
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -242,8 +243,8 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
     cache = Cache()
 
     t = time.perf_counter()
-    structure = structure_hash(csr)
-    plan_key = key("plan", __version__, structure, values_hash(csr),
+    structure, values = _hashes(csr)
+    plan_key = key("plan", __version__, structure, values,
                    bias_vec.tobytes() if bias_vec is not None else b"", repr(sorted(vars(request).items())))
     timings.hash = time.perf_counter() - t
     kernel = _load_plan(cache, plan_key, request, backend, arch, structure, timings)
@@ -257,6 +258,16 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
         kernel._cubin = _cubin_for(kernel.source, arch, kernel.spec.name, cache, timings)
     timings.total = time.perf_counter() - t0
     return kernel
+
+
+def _hashes(csr) -> tuple[str, str]:
+    """Structure and values hashes, side by side: hashlib releases the GIL on large buffers, and
+    on a warm compile these two hashes are most of the time."""
+    if csr.nnz < 1 << 18:
+        return structure_hash(csr), values_hash(csr)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        values = pool.submit(values_hash, csr)
+        return structure_hash(csr), values.result()
 
 
 def _build(csr, request, bias_vec, backend, arch, structure, reproduce, timings) -> Kernel:

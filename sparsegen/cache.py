@@ -9,7 +9,6 @@ and the caller's next `put` rewrites it.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
@@ -67,12 +66,12 @@ def wrap(payload: bytes) -> bytes:
     return _HEAD.pack(MAGIC, len(payload), zlib.crc32(payload)) + payload
 
 
-def unwrap(blob: bytes) -> bytes | None:
-    """The payload, or None when the envelope is foreign, truncated or corrupt."""
+def unwrap(blob: bytes):
+    """The payload (a zero-copy view), or None when the envelope is foreign, truncated or corrupt."""
     if len(blob) < _HEAD.size:
         return None
     magic, length, crc = _HEAD.unpack_from(blob)
-    payload = blob[_HEAD.size:]
+    payload = memoryview(blob)[_HEAD.size:]
     if magic != MAGIC or len(payload) != length or zlib.crc32(payload) != crc:
         return None
     return payload
@@ -97,7 +96,8 @@ class Cache:
     def path(self, kind: str, k: str) -> Path:
         return self.root / kind / k[:2] / (k + KINDS[kind])
 
-    def get(self, kind: str, k: str) -> bytes | None:
+    def get(self, kind: str, k: str):
+        """The entry's payload (bytes-like), or None on a miss."""
         if not self.active:
             return None
         path = self.path(kind, k)
@@ -162,16 +162,41 @@ class _quiet:
         return exc[0] is not None and issubclass(exc[0], OSError)
 
 
+PLAN_MAGIC = b"SGPLAN1\0"
+_ALIGN = 64
+
+
 def pack_arrays(meta: dict, arrays: dict) -> bytes:
-    """Plan entries: the arrays and a JSON header in one uncompressed .npz."""
-    buf = io.BytesIO()
-    header = np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8)
-    np.savez(buf, __meta__=header, **{f"a_{name}": arr for name, arr in arrays.items()})
-    return buf.getvalue()
+    """Plan entries: a JSON header (meta + each array's dtype, shape, offset), then the raw arrays,
+    each 64-byte aligned, so a read maps them with np.frombuffer instead of copying or unzipping."""
+    layout, offset = {}, 0
+    for name, arr in arrays.items():
+        arr = np.ascontiguousarray(arr)
+        layout[name] = {"dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset}
+        offset += -(-arr.nbytes // _ALIGN) * _ALIGN
+    header = json.dumps({"meta": meta, "arrays": layout}, sort_keys=True).encode()
+    start = -(-(len(PLAN_MAGIC) + 8 + len(header)) // _ALIGN) * _ALIGN
+    buf = bytearray(start + offset)
+    buf[: len(PLAN_MAGIC)] = PLAN_MAGIC
+    buf[len(PLAN_MAGIC): len(PLAN_MAGIC) + 8] = struct.pack("<Q", len(header))
+    buf[len(PLAN_MAGIC) + 8: len(PLAN_MAGIC) + 8 + len(header)] = header
+    for name, arr in arrays.items():
+        at = start + layout[name]["offset"]
+        buf[at: at + arr.nbytes] = np.ascontiguousarray(arr).tobytes()
+    return bytes(buf)
 
 
-def unpack_arrays(payload: bytes) -> tuple[dict, dict]:
-    with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
-        meta = json.loads(npz["__meta__"].tobytes().decode())
-        arrays = {name[2:]: npz[name] for name in npz.files if name.startswith("a_")}
-    return meta, arrays
+def unpack_arrays(payload) -> tuple[dict, dict]:
+    """Inverse of pack_arrays; the arrays are read-only views of `payload`."""
+    view = memoryview(payload)
+    if bytes(view[: len(PLAN_MAGIC)]) != PLAN_MAGIC:
+        raise ValueError("not a sparsegen plan")
+    (hlen,) = struct.unpack_from("<Q", view, len(PLAN_MAGIC))
+    header = json.loads(bytes(view[len(PLAN_MAGIC) + 8: len(PLAN_MAGIC) + 8 + hlen]))
+    start = -(-(len(PLAN_MAGIC) + 8 + hlen) // _ALIGN) * _ALIGN
+    arrays = {}
+    for name, spec in header["arrays"].items():
+        dtype, shape = np.dtype(spec["dtype"]), tuple(spec["shape"])
+        count = int(np.prod(shape, dtype=np.int64))
+        arrays[name] = np.frombuffer(view, dtype, count, start + spec["offset"]).reshape(shape)
+    return header["meta"], arrays

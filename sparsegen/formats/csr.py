@@ -14,9 +14,10 @@ def encode(csr: sp.csr_matrix, dtype: str, bias: np.ndarray | None = None) -> Pl
     """Encode a canonical CSR matrix; `bias` (one fp32 value per row) is kept for the epilogue."""
     m, k = csr.shape
     arrays = {
-        "indptr": as_index(csr.indptr),
-        "indices": as_index(csr.indices),
-        "values": np.ascontiguousarray(csr.data, dtype=np.dtype(dtype)),
+        # Copies: a plan must not change when the caller later edits the matrix it came from.
+        "indptr": as_index(csr.indptr).copy(),
+        "indices": as_index(csr.indices).copy(),
+        "values": np.array(csr.data, dtype=np.dtype(dtype)),
     }
     if bias is not None:
         arrays["bias"] = np.ascontiguousarray(bias, dtype=np.float32)
