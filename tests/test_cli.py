@@ -26,7 +26,8 @@ def test_inspect_graph_challenge_layer(capsys, examples_dir):
     assert "rows        min 32  max 32  mean 32.00  std 0.00  CoV 0.000  empty 0" in out
     assert "footprint   distinct columns per block of rows: 32 rows: mean 528.0 max 528" in out
     assert "ell pad     1.000" in out
-    assert "selection   csr_rowsplit.f32.n128.v4.c32k1.b128" in out
+    assert "selection   csr_rowsplit.f32.n128.v4.c8k4.b128" in out
+    assert "narrowed to 4 column tiles" in out
     assert "reason      rows avg 32.0 nnz" in out
 
 
@@ -40,7 +41,7 @@ def test_inspect_json_has_the_documented_keys(capsys, examples_dir):
     assert record["shape"] == [2048, 512] and record["nnz"] == 104857
     assert set(record["row_lengths"]) >= {"min", "max", "mean", "std", "cov", "empty"}
     assert record["selection"]["family"] == "csr_rowsplit"
-    assert record["selection"]["spec"].startswith("csr_rowsplit.f16.n32.v8.c4")
+    assert record["selection"]["spec"].startswith("csr_rowsplit.f16.n32.v8.c2k16")
     assert record["selection"]["reason"]
 
 
@@ -87,7 +88,7 @@ def test_compile_dump(tmp_path, capsys, examples_dir):
     code, out, _ = run(capsys, "compile", examples_dir / "n1024-l1.tsv.gz", "--op", "spmm", "--n", "64",
                        "--dtype", "float16", "--dump", tmp_path)
     assert code == 0
-    name = "csr_rowsplit.f16.n64.v8.c8k4.b128"
+    name = "csr_rowsplit.f16.n64.v8.c2k16.b128"
     assert (tmp_path / f"{name}.cu").read_text().startswith("/*")
     assert (tmp_path / f"{name}.cubin").exists()
     sel = json.loads((tmp_path / "selection.json").read_text())

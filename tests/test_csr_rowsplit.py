@@ -16,7 +16,7 @@ from sparsegen.select import select, select_request
 from .helpers import TOL, random_csr, reference, rel_error, rounded
 
 
-def stats_with_rows(mean, m=64, k=4096):
+def stats_with_rows(mean, m=100_000, k=4096):
     """A matrix whose rows all hold about `mean` nonzeros."""
     width = max(int(round(mean)), 0)
     cols = (np.arange(m)[:, None] * 7 + np.arange(width)[None, :]) % k
@@ -47,6 +47,24 @@ def test_long_rows_narrow_n_split_nonzeros_across_lanes():
     spec, reason = fam.choose(stats_with_rows(200), Request("spmm", n=1))
     assert (spec.lanes_col, spec.lanes_k) == (1, 32)
     assert "splitting each row's nonzeros" in reason
+
+
+def test_few_rows_narrow_the_column_tile_and_split_nonzeros():
+    many, _ = fam.choose(stats_with_rows(64, m=100_000), Request("spmm", n=128))
+    few, reason = fam.choose(stats_with_rows(64, m=512), Request("spmm", n=128))
+    assert (many.lanes_col, many.lanes_k) == (32, 1)
+    assert few.vec == 4 and few.lanes == 32 and few.lanes_col < 32
+    assert fam.warps_launched(512, 128, 4, few.lanes_col, few.lanes_k) > fam.warps_launched(512, 128, 4, 32, 1)
+    assert "narrowed to" in reason and "132 SMs" in reason
+    # every k-lane keeps at least 2 nonzeros: short rows are not split further
+    short, _ = fam.choose(stats_with_rows(4, m=512), Request("spmm", n=128))
+    assert short.lanes_k <= 2
+
+
+def test_sm_count_follows_the_target_architecture():
+    a, _ = fam.choose(stats_with_rows(64, m=2048), Request("spmm", n=128, arch="sm_90"))
+    b, _ = fam.choose(stats_with_rows(64, m=2048), Request("spmm", n=128, arch="sm_75"))
+    assert a.tile_n <= b.tile_n
 
 
 def test_wide_n_uses_whole_warp_across_columns():

@@ -108,6 +108,16 @@ class Launch:
     shared_bytes: int = 0
 
 
+# Streaming multiprocessors of the reference part of each architecture. Selection must not need a
+# GPU (it runs in `sparsegen inspect` and in CI), so the count comes from the target, not a query.
+SM_COUNT = {"sm_70": 80, "sm_75": 40, "sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_90": 132, "sm_90a": 132,
+            "sm_100": 148, "sm_100a": 148, "sm_120": 170}
+
+
+def sm_count(arch: str) -> int:
+    return SM_COUNT.get(arch, 132)
+
+
 def next_pow2(x: int) -> int:
     return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
 

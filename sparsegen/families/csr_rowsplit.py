@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..formats import csr as FORMAT  # noqa: N812 - the family's format module
-from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, next_pow2, prev_pow2
+from .base import (Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, next_pow2, prev_pow2,
+                   sm_count)
 
 FAMILY = "csr_rowsplit"
 KERNEL = "csr_rowsplit_spmm"
@@ -61,15 +62,30 @@ def widest_vector(n: int, itemsize: int) -> int:
     return vec
 
 
+WARPS_PER_SM = 16  # resident warps per SM wanted to hide load latency (of 64 possible)
+
+
+def warps_launched(m: int, n: int, vec: int, lanes_col: int, lanes_k: int) -> int:
+    tiles = -(-n // (lanes_col * vec))
+    return -(-(m * tiles * lanes_col * lanes_k) // WARP)
+
+
 def choose(stats, request: Request) -> tuple[Spec, str]:
-    """Pick vector width and lane split from n and the row-length statistics."""
+    """Pick vector width and lane split from n, the row count and the row-length statistics."""
     itemsize = 4 if request.dtype == "float32" else 2
-    n = request.n
+    n, m = request.n, stats.shape[0]
+    mean = stats.row_lengths.mean
     vec = widest_vector(n, itemsize)
     lanes_col = min(WARP, next_pow2(-(-n // vec)))
-    mean = stats.row_lengths.mean
     # Split a row's nonzeros over spare lanes only when each of them still gets a few (>= 2).
     lanes_k = min(WARP // lanes_col, prev_pow2(max(1.0, mean / 2)))
+    # Too few rows to fill the GPU: narrow the column tile (more tiles) and hand the freed lanes
+    # to the nonzero split, while each lane keeps at least 2 nonzeros of the row.
+    target = WARPS_PER_SM * sm_count(request.arch)
+    narrowed = False
+    while (warps_launched(m, n, vec, lanes_col, lanes_k) < target and lanes_col > 1
+           and mean >= 4 * lanes_k and lanes_col * lanes_k == WARP):
+        lanes_col, lanes_k, narrowed = lanes_col // 2, lanes_k * 2, True
     block = 128
     spec = Spec(request.short_dtype, n, vec, lanes_col, lanes_k, block, request.bias, request.relu)
     if spec.lanes == 1:
@@ -78,8 +94,12 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
         shape = f"{lanes_col} lanes per row across columns"
     else:
         shape = f"{lanes_col} lanes across columns x {lanes_k} splitting each row's nonzeros"
+    warps = warps_launched(m, n, vec, lanes_col, lanes_k)
+    why_narrow = (f" (narrowed to {-(-n // spec.tile_n)} column tiles: {m} rows alone give too few warps "
+                  f"for {sm_count(request.arch)} SMs)" if narrowed else "")
     reason = (f"rows avg {mean:.1f} nnz (CoV {stats.row_lengths.cov:.2f}), n={n}: "
-              f"{vec}-wide loads, {shape}, {spec.rows_per_block} rows per {block}-thread block")
+              f"{vec}-wide loads, {shape}{why_narrow}; {warps} warps, {spec.rows_per_block} rows per "
+              f"{block}-thread block")
     return spec, reason
 
 

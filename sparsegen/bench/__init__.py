@@ -1,0 +1,323 @@
+"""`sparsegen bench SUITE`: benchmark suites of ../shared/BENCHMARKS.md.
+
+    sparsegen bench dlmc [--quick] [--out DIR] [--data DIR] [--ops spmm,sddmm]
+                         [--dtypes float32,float16] [--n 32,128] [--k 32,128] [--limit K]
+                         [--max-minutes M] [--resume]
+
+writes DIR/<suite>.json, DIR/<suite>.md and DIR/<suite>.png (the last when matplotlib is
+installed). The CLI wires `add_arguments(subparser)` and `run(args) -> exit status`.
+
+Suites are registered by name in `SUITES` (module paths, imported on use); each suite module
+provides `run(cfg, *, env, emit, checkpoint, previous) -> document`. Torch and CuPy are imported only when a
+suite runs, so this package imports on machines without them.
+"""
+from __future__ import annotations
+
+import datetime
+import importlib
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparsegen.errors import SparsegenError
+
+__all__ = ["SUITES", "BenchConfig", "add_arguments", "run", "get_suite", "gpu_slug",
+           "default_out_dir", "resolve_data_dir"]
+
+# name -> module; `graphchallenge` and `llm` are added here when they exist.
+SUITES: dict[str, str] = {
+    "dlmc": "sparsegen.bench.dlmc",
+}
+
+KNOWN_OPS = ("spmm", "sddmm")
+DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "f32": "float32",
+                 "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16"}
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class BenchConfig:
+    suite: str
+    data_dir: Path
+    quick: bool = False
+    ops: tuple | None = None          # None: the suite's default
+    dtypes: tuple | None = None
+    ns: tuple | None = None
+    ks: tuple | None = None
+    limit: int | None = None
+    max_minutes: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- CLI
+
+def add_arguments(parser) -> None:
+    """Configure an argparse (sub)parser for `sparsegen bench`."""
+    parser.add_argument("suite", metavar="SUITE",
+                        help=f"benchmark suite: {', '.join(SUITES)}")
+    parser.add_argument("--quick", action="store_true",
+                        help="a representative tenth of the suite (under two minutes)")
+    parser.add_argument("--out", metavar="DIR", default=None,
+                        help="output folder (default: benchmarks/results/<gpu-slug>/ of the "
+                             "checkout)")
+    parser.add_argument("--data", metavar="DIR", default=None,
+                        help="shared data folder holding dlmc/ (default: $SPARSEGEN_DATA, else "
+                             "../shared/data beside the checkout)")
+    parser.add_argument("--ops", metavar="LIST", default=None,
+                        help="comma-separated ops (default: spmm,sddmm)")
+    parser.add_argument("--dtypes", metavar="LIST", default=None,
+                        help="comma-separated dtypes (default: float32,float16)")
+    parser.add_argument("--n", metavar="LIST", default=None,
+                        help="comma-separated SpMM widths n (default: 32,128,256,1024; "
+                             "--quick: 128); also the SDDMM k list unless --k is given")
+    parser.add_argument("--k", metavar="LIST", default=None,
+                        help="comma-separated SDDMM inner dimensions k (default: 32,128,256; "
+                             "--quick: 128)")
+    parser.add_argument("--limit", metavar="K", type=int, default=None,
+                        help="at most K matrices of each source (DLMC, random): a smoke test")
+    parser.add_argument("--max-minutes", metavar="M", type=float, default=None,
+                        help="stop starting new cases after M minutes; the results say "
+                             "'truncated'")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the cases of DIR/<suite>.json (same suite and GPU) and run "
+                             "only the missing ones: finish a long suite in several sittings")
+
+
+def _split(text):
+    return [t.strip() for t in str(text).split(",") if t.strip()]
+
+
+def parse_ops(text):
+    if text is None:
+        return None
+    ops = tuple(_split(text))
+    bad = [o for o in ops if o not in KNOWN_OPS]
+    if bad or not ops:
+        raise SparsegenError(f"--ops: unknown op(s) {bad or [text]}; known: {', '.join(KNOWN_OPS)}")
+    return ops
+
+
+def parse_dtypes(text):
+    if text is None:
+        return None
+    out = []
+    for t in _split(text):
+        if t.lower() not in DTYPE_ALIASES:
+            raise SparsegenError(f"--dtypes: unknown dtype {t!r}; known: float32, float16")
+        out.append(DTYPE_ALIASES[t.lower()])
+    if not out:
+        raise SparsegenError("--dtypes: empty list")
+    return tuple(dict.fromkeys(out))
+
+
+def parse_ints(text, what):
+    if text is None:
+        return None
+    try:
+        vals = tuple(int(t) for t in _split(text))
+    except ValueError:
+        raise SparsegenError(f"{what}: expected comma-separated integers, found {text!r}") from None
+    if not vals or any(v <= 0 for v in vals):
+        raise SparsegenError(f"{what}: expected positive integers, found {text!r}")
+    return vals
+
+
+def get_suite(name: str):
+    """The suite module for `name`; SparsegenError naming the known suites otherwise."""
+    if name not in SUITES:
+        raise SparsegenError(f"unknown benchmark suite {name!r}; known suites: "
+                             f"{', '.join(sorted(SUITES))}")
+    return importlib.import_module(SUITES[name])
+
+
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100-80gb-hbm3'."""
+    slug = re.sub(r"[^a-z0-9]+", "-", str(name).lower()).strip("-")
+    if slug.startswith("nvidia-"):
+        slug = slug[len("nvidia-"):]
+    return slug or "unknown-gpu"
+
+
+def _is_checkout(root: Path) -> bool:
+    return (root / "pyproject.toml").is_file() and (root / "sparsegen").is_dir()
+
+
+def default_out_dir(gpu_name: str, repo: Path | None = None) -> Path:
+    root = Path(repo) if repo is not None else REPO_ROOT
+    base = root if _is_checkout(root) else Path.cwd()
+    return base / "benchmarks" / "results" / gpu_slug(gpu_name)
+
+
+def resolve_data_dir(arg=None, environ=None, repo: Path | None = None) -> Path:
+    """--data, else $SPARSEGEN_DATA, else <repo>/../shared/data; error naming both otherwise."""
+    environ = os.environ if environ is None else environ
+    if arg:
+        p = Path(arg).expanduser()
+        if not p.is_dir():
+            raise SparsegenError(f"--data {arg}: no such folder")
+        return p
+    env = environ.get("SPARSEGEN_DATA")
+    if env:
+        p = Path(env).expanduser()
+        if not p.is_dir():
+            raise SparsegenError(f"SPARSEGEN_DATA={env}: no such folder")
+        return p
+    root = Path(repo) if repo is not None else REPO_ROOT
+    p = root.parent / "shared" / "data"
+    if p.is_dir():
+        return p
+    raise SparsegenError(f"no benchmark data: set SPARSEGEN_DATA or pass --data DIR "
+                         f"(default {p} does not exist)")
+
+
+def git_revision(repo: Path | None = None):
+    """HEAD of the checkout; SPARSEGEN_REVISION names it where the tree travelled without .git."""
+    given = os.environ.get("SPARSEGEN_REVISION", "")
+    if re.fullmatch(r"[0-9a-f]{40}", given):
+        return given
+    root = Path(repo) if repo is not None else REPO_ROOT
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                           text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sha = r.stdout.strip()
+    return sha if r.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}", sha) else None
+
+
+def _git_dirty(repo: Path | None = None):
+    root = Path(repo) if repo is not None else REPO_ROOT
+    try:
+        r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                           capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(r.stdout.strip()) if r.returncode == 0 else None
+
+
+def command_line(argv=None) -> str:
+    argv = list(sys.argv if argv is None else argv)
+    if not argv:
+        return "sparsegen bench"
+    head = Path(argv[0]).name
+    if head in ("__main__.py", "-m", "-c", ""):
+        head = "python -m sparsegen"
+    return " ".join([head] + [shlex.quote(a) for a in argv[1:]])
+
+
+def _driver_version():
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+        if r.returncode == 0 and r.stdout.strip():
+            return r.stdout.strip().splitlines()[0].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+        m = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]+)", text)
+        if m:
+            return m.group(1)
+    except OSError:
+        pass
+    return None
+
+
+def gpu_environment() -> dict:
+    """GPU name, driver, CUDA version (torch's); SparsegenError when torch/CUDA is missing."""
+    try:
+        import torch
+    except ImportError as exc:
+        raise SparsegenError("sparsegen bench needs PyTorch with CUDA (import torch failed: "
+                             f"{exc}); install a CUDA build of torch") from exc
+    if not torch.cuda.is_available():
+        raise SparsegenError("sparsegen bench needs PyTorch with CUDA and a visible GPU: "
+                             "torch.cuda.is_available() is False")
+    dev = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(dev)
+    return {
+        "gpu": torch.cuda.get_device_name(dev),
+        "driver": _driver_version(),
+        "cuda": torch.version.cuda,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "torch": torch.__version__,
+    }
+
+
+def run(args, *, argv=None) -> int:
+    """Run one suite from parsed arguments and write its reports.
+
+    Exit status: 0 when every case passed or was unsupported, 1 when some case failed
+    (the reports are written either way), 130 when interrupted. Setup problems (unknown suite,
+    no torch/CUDA, no data) raise SparsegenError, which the CLI turns into status 2.
+    """
+    from sparsegen.bench import report
+
+    suite = get_suite(args.suite)
+    ns = parse_ints(getattr(args, "n", None), "--n")
+    ks = parse_ints(getattr(args, "k", None), "--k")
+    cfg = BenchConfig(
+        suite=args.suite,
+        data_dir=None,
+        quick=bool(getattr(args, "quick", False)),
+        ops=parse_ops(getattr(args, "ops", None)),
+        dtypes=parse_dtypes(getattr(args, "dtypes", None)),
+        ns=ns,
+        ks=ks if ks is not None else ns,
+        limit=getattr(args, "limit", None),
+        max_minutes=getattr(args, "max_minutes", None),
+    )
+    if cfg.limit is not None and cfg.limit < 1:
+        raise SparsegenError("--limit: expected a positive integer")
+    env = gpu_environment()
+    cfg.data_dir = resolve_data_dir(getattr(args, "data", None))
+    env.update({
+        "revision": git_revision(),
+        "revision_dirty": _git_dirty(),
+        "date": datetime.date.today().isoformat(),
+        "command": command_line(argv),
+        "python": sys.version.split()[0],
+    })
+    out_dir = Path(args.out) if getattr(args, "out", None) else default_out_dir(env["gpu"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"sparsegen bench {args.suite}: {env['gpu']}, CUDA {env['cuda']}, results in {out_dir}",
+          flush=True)
+
+    previous = None
+    prev_path = out_dir / f"{args.suite}.json"
+    if getattr(args, "resume", False) and prev_path.is_file():
+        import json
+
+        try:
+            previous = json.loads(prev_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise SparsegenError(f"--resume: cannot read {prev_path}: {exc}") from exc
+        if previous.get("suite") != args.suite or previous.get("gpu") != env["gpu"]:
+            raise SparsegenError(
+                f"--resume: {prev_path} holds suite {previous.get('suite')!r} on "
+                f"{previous.get('gpu')!r}, not {args.suite!r} on {env['gpu']!r}")
+        print(f"resuming: {len(previous.get('cases', []))} cases kept from {prev_path}", flush=True)
+
+    def emit(line):
+        print(line, flush=True)
+
+    def checkpoint(doc):
+        report.write_json(doc, out_dir / f"{doc['suite']}.json")
+
+    doc = suite.run(cfg, env=env, emit=emit, checkpoint=checkpoint, previous=previous)
+    paths = report.write_all(doc, out_dir)
+    for row in report.summarize(doc["cases"]):
+        print(f"geomean {row['op']} {row['dtype']} {row['width']}: {row['passed']}/{row['cases']} "
+              f"passed, vs cuSPARSE {report._x(row['vs_cusparse'])}, "
+              f"vs cuBLAS {report._x(row['vs_cublas'])}", flush=True)
+    print(f"wrote {paths['json']}, {paths['md']}"
+          + (f", {paths['png']}" if paths.get("png") else f" (no PNG: {paths['png_note']})"),
+          flush=True)
+    if doc.get("interrupted"):
+        return 130
+    return 1 if any(c.get("status") == "failed" for c in doc["cases"]) else 0
