@@ -63,6 +63,7 @@ class Kernel:
         self._cubin = cubin
         self._cubin_key = cubin_key
         self._device_arrays = None
+        self._launcher = None
 
     @property
     def family(self):
@@ -91,6 +92,14 @@ class Kernel:
 
             self._device_arrays = runtime.upload(self.plan.arrays)
         return self._device_arrays
+
+    def launcher(self):
+        """The GPU launch set up once (function loaded, plan on the device, geometry)."""
+        if self._launcher is None:
+            from . import runtime
+
+            self._launcher = runtime.Launcher(self)
+        return self._launcher
 
     def __call__(self, *operands, out=None, stream=None):
         if self.backend == "emulate":

@@ -193,64 +193,116 @@ def check_alignment(ptr: int, align: int, what: str):
 
 # ---- launching -----------------------------------------------------------------------------
 
-def _arg_format(args) -> str:
-    return "".join("i" if a.kind == "int" else "P" for a in args)
+class Launcher:
+    """Everything about a kernel's launch that does not change between calls, worked out once:
+    the loaded function, grid and block, operand specs, and the plan's device pointers."""
+
+    def __init__(self, kernel):
+        fam, spec, plan = kernel.family, kernel.spec, kernel.plan
+        self.name = spec.name
+        self.inputs, self.output = fam.operands(spec, plan)
+        self.align = fam.alignment(spec)
+        geometry = fam.launch(spec, plan)
+        self.grid, self.block, self.shared = geometry.grid, geometry.block, geometry.shared_bytes
+        self.empty = 0 in geometry.grid  # nothing to compute (no rows, or no columns)
+        args = fam.arguments(spec)
+        self.func = None
+        if not self.empty:
+            self.func = load_function(kernel.cubin_key, kernel.cubin, fam.KERNEL, self.shared)
+            self.func.prepare("".join("i" if a.kind == "int" else "P" for a in args))
+        device_plan = kernel.device_arrays()
+        # Fixed values in place; operand slots hold the operand's name, filled per call.
+        self.template = [int(device_plan[a.name]) if a.kind == "plan" else
+                         np.int32(plan.constants[a.name]) if a.kind == "int" else a.name for a in args]
+        self.slots = [i for i, v in enumerate(self.template) if isinstance(v, str)]
+
+    def launch(self, ptrs: dict, stream=None):
+        if self.empty:
+            return
+        values = list(self.template)
+        for i in self.slots:
+            values[i] = ptrs[values[i]]
+        try:
+            if stream is None:
+                self.func.prepared_call(self.grid, self.block, *values, shared_size=self.shared)
+            else:
+                self.func.prepared_async_call(self.grid, self.block, stream, *values, shared_size=self.shared)
+        except Exception as exc:
+            raise LaunchError(f"launch of {self.name} failed: {exc}") from exc
 
 
 def run(kernel, inputs: tuple, out=None, stream=None):
     """Launch `kernel` (an api.Kernel) on NumPy or GPU operands; see Kernel.__call__."""
-    fam, spec, plan = kernel.family, kernel.spec, kernel.plan
-    expected_inputs, expected_out = fam.operands(spec, plan)
-    if len(inputs) != len(expected_inputs):
-        raise ShapeError(f"{spec.family} takes {len(expected_inputs)} operand(s) "
-                         f"({', '.join(o.name for o in expected_inputs)}), got {len(inputs)}")
+    launcher = kernel.launcher()
+    if len(inputs) != len(launcher.inputs):
+        raise ShapeError(f"{kernel.spec.family} takes {len(launcher.inputs)} operand(s) "
+                         f"({', '.join(o.name for o in launcher.inputs)}), got {len(inputs)}")
     on_gpu = [is_gpu_array(x) for x in inputs]
     if any(on_gpu) and not all(on_gpu):
         raise ShapeError("operands mix host (NumPy) and GPU arrays; pass all of one kind")
     if stream is not None and not hasattr(stream, "handle"):
         raise LaunchError("stream must be a pycuda.driver.Stream (or None for the default stream)")
     if all(on_gpu) and inputs:
-        return _run_device(kernel, inputs, expected_inputs, expected_out, out, stream)
-    return _run_host(kernel, inputs, expected_inputs, expected_out, out, stream)
+        return _run_device(launcher, inputs, out, stream)
+    return _run_host(launcher, inputs, out, stream)
 
 
-def _run_device(kernel, inputs, expected_inputs, expected_out, out, stream):
-    align = kernel.family.alignment(kernel.spec)
+def _run_device(launcher, inputs, out, stream):
     ptrs = {}
-    for x, exp in zip(inputs, expected_inputs):
-        ptrs[exp.name] = _check_gpu(x, exp, "input")
-        check_alignment(ptrs[exp.name], align, f"input {exp.name}")
+    for x, exp in zip(inputs, launcher.inputs):
+        ptrs[exp.name] = _device_pointer(x, exp, "input", launcher.align)
+    exp = launcher.output
     if out is None:
-        out = _empty_like_framework(inputs[0], expected_out.shape, expected_out.dtype)
+        out = _empty_like_framework(inputs[0], exp.shape, exp.dtype)
     elif not is_gpu_array(out):
         raise ShapeError(f"out: expected a GPU array for GPU operands, got {type(out).__name__}")
-    ptrs[expected_out.name] = _check_gpu(out, expected_out, "output")
-    check_alignment(ptrs[expected_out.name], align, f"output {expected_out.name}")
-    _launch(kernel, ptrs, stream)
+    ptrs[exp.name] = _device_pointer(out, exp, "output", launcher.align)
+    launcher.launch(ptrs, stream)
     return out
 
 
-def _run_host(kernel, inputs, expected_inputs, expected_out, out, stream):
+def _device_pointer(x, exp, role: str, align: int) -> int:
+    ptr = _check_torch(x, exp, role) if type(x).__module__.startswith("torch") else _check_gpu(x, exp, role)
+    check_alignment(ptr, align, f"{role} {exp.name}")
+    return ptr
+
+
+def _check_torch(x, exp, role: str) -> int:
+    """PyTorch tensors, read through their own attributes: building `__cuda_array_interface__`
+    costs more than the rest of a launch."""
+    if tuple(x.shape) != tuple(exp.shape):
+        raise ShapeError(f"{role} {exp.name}: expected shape {tuple(exp.shape)}, got {tuple(x.shape)}")
+    if str(x.dtype) != f"torch.{exp.dtype}":
+        raise ShapeError(f"{role} {exp.name}: expected dtype {exp.dtype}, got {str(x.dtype).replace('torch.', '')}")
+    if not x.is_contiguous():
+        raise ShapeError(f"{role} {exp.name}: expected a C-contiguous (row-major) array, got strides {x.stride()}")
+    if x.device.type != "cuda" or x.device.index != device_ordinal():
+        raise ShapeError(f"{role} {exp.name}: expected an array on cuda:{device_ordinal()}, got {x.device}")
+    return x.data_ptr()
+
+
+def _run_host(launcher, inputs, out, stream):
     drv = _driver()
     ensure_context()
     host = []
-    for x, exp in zip(inputs, expected_inputs):
+    for x, exp in zip(inputs, launcher.inputs):
         x = np.asarray(x)
         _check_host(x, exp, "input")
         host.append(np.ascontiguousarray(x))
+    exp = launcher.output
     if out is not None:
-        _check_host(out, expected_out, "output")
+        _check_host(out, exp, "output")
         if not out.flags.c_contiguous or not out.flags.writeable:
-            raise ShapeError(f"out {expected_out.name}: expected a writeable C-contiguous NumPy array")
-    result = out if out is not None else np.empty(expected_out.shape, dtype=expected_out.dtype)
-    allocs = upload({e.name: h for e, h in zip(expected_inputs, host)})
-    allocs[expected_out.name] = drv.mem_alloc(max(result.nbytes, 1))
-    _launch(kernel, {k: int(v) for k, v in allocs.items()}, stream)
+            raise ShapeError(f"out {exp.name}: expected a writeable C-contiguous NumPy array")
+    result = out if out is not None else np.empty(exp.shape, dtype=exp.dtype)
+    allocs = upload({e.name: h for e, h in zip(launcher.inputs, host)})
+    allocs[exp.name] = drv.mem_alloc(max(result.nbytes, 1))
+    launcher.launch({k: int(v) for k, v in allocs.items()}, stream)
     if result.nbytes:
         if stream is None:
-            drv.memcpy_dtoh(result, allocs[expected_out.name])
+            drv.memcpy_dtoh(result, allocs[exp.name])
         else:
-            drv.memcpy_dtoh_async(result, allocs[expected_out.name], stream)
+            drv.memcpy_dtoh_async(result, allocs[exp.name], stream)
             stream.synchronize()
     return result
 
@@ -261,36 +313,6 @@ def _check_host(x, exp, role):
     if x.dtype != np.dtype(exp.dtype):
         raise ShapeError(f"{role} {exp.name}: expected dtype {exp.dtype}, got {x.dtype} "
                          f"(convert with .astype(np.{exp.dtype}))")
-
-
-def _launch(kernel, ptrs: dict, stream):
-    fam, spec, plan = kernel.family, kernel.spec, kernel.plan
-    geometry = fam.launch(spec, plan)
-    if 0 in geometry.grid:
-        return  # nothing to compute (no rows, or no columns)
-    func = load_function(kernel.cubin_key, kernel.cubin, fam.KERNEL, geometry.shared_bytes)
-    device_plan = kernel.device_arrays()
-    args = fam.arguments(spec)
-    values = []
-    for a in args:
-        if a.kind == "plan":
-            values.append(device_plan[a.name])
-        elif a.kind == "int":
-            values.append(np.int32(plan.constants[a.name]))
-        else:
-            values.append(np.uintp(ptrs[a.name]))
-    prepared = _state.setdefault("prepared", set())
-    if (id(func), _arg_format(args)) not in prepared:
-        func.prepare(_arg_format(args))
-        prepared.add((id(func), _arg_format(args)))
-    try:
-        if stream is None:
-            func.prepared_call(geometry.grid, geometry.block, *values, shared_size=geometry.shared_bytes)
-        else:
-            func.prepared_async_call(geometry.grid, geometry.block, stream, *values,
-                                     shared_size=geometry.shared_bytes)
-    except Exception as exc:
-        raise LaunchError(f"launch of {spec.name} failed: {exc}") from exc
 
 
 def synchronize():
