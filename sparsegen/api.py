@@ -1,6 +1,8 @@
 """`sparsegen.compile`: read → analyze → select → encode → render → compile → cache → launch."""
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import logging
 import os
@@ -25,7 +27,7 @@ from .select import Selection, select_request
 
 log = logging.getLogger("sparsegen")
 BACKENDS = ("auto", "gpu", "emulate")
-OPS = ("spmm",)
+OPS = ("spmm", "spdnn_layer")
 
 
 @dataclass
@@ -104,6 +106,10 @@ class Kernel:
     def __call__(self, *operands, out=None, stream=None):
         if self.backend == "emulate":
             return self._emulate(operands, out)
+        driver = getattr(self.family, "DRIVER", None)
+        if driver:
+            raise UnsupportedError(f"{self.spec.family} kernels run on the GPU inside {driver}; "
+                                   f"call that (or compile with backend='emulate' to run one layer)")
         from . import runtime
 
         return runtime.run(self, operands, out=out, stream=stream)
@@ -117,8 +123,9 @@ class Kernel:
             if hasattr(x, "__cuda_array_interface__"):
                 raise ShapeError(f"input {exp.name}: the emulator takes NumPy arrays, got a GPU array")
             x = np.asarray(x)
-            if x.shape != tuple(exp.shape) or x.dtype != np.dtype(exp.dtype):
-                raise ShapeError(f"input {exp.name}: expected {exp.dtype} {tuple(exp.shape)}, got {x.dtype} {x.shape}")
+            if not exp.matches(x.shape) or x.dtype != np.dtype(exp.dtype):
+                raise ShapeError(f"input {exp.name}: expected {exp.dtype} {_shape_text(exp.shape)}, "
+                                 f"got {x.dtype} {x.shape}")
             inputs[exp.name] = x
         y = self.family.emulate(self.spec, self.plan, inputs)
         if out is not None:
@@ -157,6 +164,21 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<sparsegen.Kernel {self.spec.name} {self.shape[0]}x{self.shape[1]} backend={self.backend}>"
+
+
+@functools.lru_cache(maxsize=1)
+def generator_fingerprint() -> str:
+    """sha256 of the templates and of sparsegen's own Python files: a plan caches generated source,
+    so any change to the code that generates it (not only a version bump) must miss."""
+    from .render import template_dir
+
+    package = Path(__file__).resolve().parent
+    files = sorted(template_dir().glob("*.j2")) + sorted(package.rglob("*.py"))
+    return key(*(part for f in files for part in (f.name, f.read_bytes())))
+
+
+def _shape_text(shape) -> str:
+    return "(" + ", ".join("any" if d is None else str(d) for d in shape) + ")"
 
 
 def cubin_key(source: str, arch: str) -> str:
@@ -217,23 +239,35 @@ def _bias_vector(bias, m: int) -> np.ndarray | None:
     return np.ascontiguousarray(b)
 
 
-def _request(op, n, k, dtype, arch, bias, relu) -> Request:
+def _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, options) -> Request:
     if op not in OPS:
         raise UnsupportedError(f"op {op!r}: expected one of {', '.join(OPS)}")
     if dtype not in DTYPES:
         raise UnsupportedError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     if op == "spmm" and (not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1):
         raise ShapeError(f"n (columns of the dense operand) must be a positive integer, got {n!r}")
+    opts = dict(options or {})
+    if op == "spdnn_layer":
+        if bias is not None and np.ndim(bias) != 0:
+            raise ShapeError("spdnn_layer: bias must be one number for the whole layer")
+        if bias_rule not in ("nonzero", "all"):
+            raise ShapeError(f"bias_rule must be 'nonzero' or 'all', got {bias_rule!r}")
+        opts.update(bias=float(bias or 0.0), cap=None if cap is None else float(cap), bias_rule=bias_rule)
+        bias = None
     return Request(op=op, n=int(n) if n is not None else None, k=k, dtype=dtype, arch=arch,
-                   bias=bias is not None, relu=bool(relu))
+                   bias=bias is not None, relu=bool(relu), options=tuple(sorted(opts.items())))
 
 
 def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = None,  # noqa: A001
-            dtype: str = "float32", bias=None, relu: bool = False, arch: str | None = None,
+            dtype: str = "float32", bias=None, relu: bool = False, cap: float | None = None,
+            bias_rule: str = "nonzero", options: dict | None = None, arch: str | None = None,
             backend: str = "auto", reproduce: str = "", **load_options) -> Kernel:
     """Compile a kernel specialised for `matrix` (scipy sparse, dense 2-D array, or a file path).
 
     op="spmm" computes Y = A·X (+ bias per row, then ReLU when asked) for X of shape (A.cols, n).
+    op="spdnn_layer" is one sparse DNN layer, min(max(Y·Aᵀ + bias, 0), cap), with A's rows the
+    output neurons; it runs inside `sparsegen.SparseDNN` (`bias` one number, `bias_rule` "nonzero"
+    as the Graph Challenge adds it, or "all"). `options` tunes the family (e.g. minibatch).
     backend: "gpu", "emulate" (NumPy, exactly as the kernel reads the plan) or "auto" (GPU when
     there is one). Plans and cubins are cached (see README: Cache).
     """
@@ -247,13 +281,13 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
     csr = as_csr(matrix)
     backend = _resolve_backend(backend)
     arch = _resolve_arch(arch, backend)
-    request = _request(op, n, k, dtype, arch, bias, relu)
-    bias_vec = _bias_vector(bias, csr.shape[0])
+    request = _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, options)
+    bias_vec = _bias_vector(bias, csr.shape[0]) if op == "spmm" else None
     cache = Cache()
 
     t = time.perf_counter()
     structure, values = _hashes(csr)
-    plan_key = key("plan", __version__, structure, values,
+    plan_key = key("plan", __version__, generator_fingerprint(), structure, values,
                    bias_vec.tobytes() if bias_vec is not None else b"", repr(sorted(vars(request).items())))
     timings.hash = time.perf_counter() - t
     kernel = _load_plan(cache, plan_key, request, backend, arch, structure, timings)
@@ -285,7 +319,10 @@ def _build(csr, request, bias_vec, backend, arch, structure, reproduce, timings)
     selection = select_request(stats, request)
     timings.analyze = time.perf_counter() - t
     t = time.perf_counter()
-    plan = family_of(selection.spec).encode(csr, selection.spec, bias_vec)
+    family = family_of(selection.spec)
+    plan = family.encode(csr, selection.spec, bias_vec)
+    if hasattr(family, "finalize"):  # trip counts only the encoded plan knows become constants
+        selection = dataclasses.replace(selection, spec=family.finalize(selection.spec, plan, request))
     timings.encode = time.perf_counter() - t
     if not reproduce:
         reproduce = (f"sparsegen.compile(<matrix {csr.shape[0]}x{csr.shape[1]}, nnz {csr.nnz}>, op={request.op!r}, "

@@ -44,6 +44,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto", choices=["auto", "gpu", "emulate"])
     p.set_defaults(func=cmd_demo)
 
+    p = sub.add_parser("spdnn", help="sparse DNN inference (Graph Challenge): run a network, generate one, "
+                                     "make inputs from MNIST")
+    p.add_argument("action", nargs="?", default="run", choices=["run", "generate", "mnist"])
+    p.add_argument("--weights", metavar="DIR", help="run: directory of n{N}-l{l}.tsv[.gz] layers")
+    p.add_argument("--inputs", metavar="FILE", help="run: inputs as TSV/MTX (image pixel value), or MNIST IDX "
+                                                    "images (made into challenge inputs of the network's size)")
+    p.add_argument("--categories", metavar="FILE", help="run: the answer file to check against")
+    p.add_argument("--bias", type=float, default=None, help="default: the challenge's bias for the network size")
+    p.add_argument("--cap", type=float, default=32.0)
+    p.add_argument("--layers", type=int, default=None, help="run: the first L layers; generate: how many")
+    p.add_argument("--count", type=int, default=None, help="use the first COUNT inputs / images")
+    p.add_argument("--backend", default="auto", choices=["auto", "gpu", "emulate"])
+    p.add_argument("--runtime-trips", action="store_true",
+                   help="run: the kernel variant that reads widths and buffer counts at run time (not unrolled)")
+    p.add_argument("--minibatch", type=int, default=12, help="run: inputs per register pass (multiple of 4)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--neurons", type=int, default=1024, help="generate: neurons (16 * a power of two >= 512)")
+    p.add_argument("--seed", type=int, default=0, help="generate: seed of the row permutations")
+    p.add_argument("--images", metavar="IDX", help="mnist: MNIST images file (idx3-ubyte[.gz])")
+    p.add_argument("--side", type=int, default=32, help="mnist: output image side (32, 64, 128, 256)")
+    p.add_argument("--out", metavar="PATH", help="generate: directory; mnist: TSV file")
+    p.set_defaults(func=cmd_spdnn)
+
     p = sub.add_parser("cache", help="show or clear the kernel cache")
     p.add_argument("action", choices=["info", "list", "clear"])
     p.set_defaults(func=cmd_cache)
@@ -160,6 +183,98 @@ def cmd_demo(args) -> int:
     from .demo import run_demo
 
     return run_demo(args.backend)
+
+
+def cmd_spdnn(args) -> int:
+    from . import graphchallenge as gc
+
+    if args.action == "generate":
+        _need(args, "out", "layers")
+        paths = gc.write_network(gc.generate_network(args.neurons, args.layers, seed=args.seed), args.out)
+        print(f"wrote {len(paths)} layers of {args.neurons} neurons to {args.out}")
+        return 0
+    if args.action == "mnist":
+        _need(args, "images", "out")
+        x = gc.mnist_inputs(args.images, side=args.side, count=args.count)
+        gc.write_inputs(x, args.out)
+        print(f"wrote {x.shape[0]} inputs of {x.shape[1]} pixels ({x.nnz} nonzeros) to {args.out}")
+        return 0
+    _need(args, "weights", "inputs")
+    record = run_spdnn(args, gc)
+    if args.json:
+        print(json.dumps(record, indent=2))
+    else:
+        print(format_spdnn(record))
+    return 0 if record["check"] in ("PASSED", None) else 1
+
+
+def _need(args, *names):
+    missing = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) is None]
+    if missing:
+        raise SparsegenError(f"sparsegen spdnn {args.action} needs {' and '.join(missing)}")
+
+
+def _is_idx(path) -> bool:
+    name = Path(path).name.lower().removesuffix(".gz")
+    return name.endswith(("idx3-ubyte", ".idx"))
+
+
+def run_spdnn(args, gc) -> dict:
+    import time
+
+    import numpy as np
+
+    from .spdnn import SparseDNN
+
+    t = time.perf_counter()
+    layers = gc.read_network(args.weights, layers=args.layers)
+    neurons = layers[0].shape[0]
+    if _is_idx(args.inputs):
+        side = int(round(neurons ** 0.5))
+        if side * side != neurons:
+            raise SparsegenError(f"MNIST inputs need a square neuron count, the network has {neurons}")
+        inputs = gc.mnist_inputs(args.inputs, side=side, count=args.count)
+    else:
+        inputs = gc.read_inputs(args.inputs, neurons, count=args.count)
+    read_ms = 1e3 * (time.perf_counter() - t)
+    bias = args.bias if args.bias is not None else gc.bias_for(neurons)
+    net = SparseDNN(layers, bias=bias, cap=args.cap, backend=args.backend, minibatch=args.minibatch,
+                    unroll=not args.runtime_trips)
+    result = net.run(inputs)
+    check, expected = None, None
+    if args.categories:
+        expected = gc.read_categories(args.categories)
+        if args.count is not None:
+            expected = expected[expected <= args.count]
+        check = "PASSED" if np.array_equal(result.categories, expected) else "FAILED"
+    return {
+        "neurons": neurons, "layers": len(layers), "inputs": int(inputs.shape[0]), "input_nnz": int(inputs.nnz),
+        "edges": net.edges, "bias": bias, "cap": args.cap, "backend": net.backend, "specs": net.specs,
+        "survivors": int(result.ids.size), "categories": result.categories.tolist(),
+        "check": check, "expected": None if expected is None else int(expected.size),
+        "alive_per_layer": list(result.alive_per_layer),
+        "teraedges_per_s": result.teraedges_per_s,
+        "split_ms": {"read": read_ms, **{k: v for k, v in result.timings_ms.items() if k != "emulated"}},
+    }
+
+
+def format_spdnn(r: dict) -> str:
+    s = r["split_ms"]
+    lines = [
+        f"network     {r['layers']} layers x {r['neurons']} neurons, {r['edges']} edges, "
+        f"{len(r['specs'])} kernel spec(s): {', '.join(r['specs'])}",
+        f"inputs      {r['inputs']} ({r['input_nnz']} nonzeros), bias {r['bias']:g}, cap {r['cap']:g}, "
+        f"backend {r['backend']}",
+        f"survivors   {r['survivors']}"
+        + (f"   check {r['check']} ({r['expected']} expected categories)" if r["check"] else ""),
+        f"time        inference {s['inference']:.3f} ms"
+        + (f" (kernels {s['kernels']:.3f} ms, pruning {s['pruning']:.3f} ms)" if "kernels" in s else "")
+        + (f", transfers {s['transfer']:.3f} ms" if "transfer" in s else "")
+        + f"; read {s['read']:.0f} ms, compile {s['compile']:.0f} ms",
+    ]
+    if r["teraedges_per_s"]:
+        lines.append(f"rate        {r['teraedges_per_s']:.2f} TeraEdges/s (inputs x edges / inference time)")
+    return "\n".join(lines)
 
 
 def cmd_cache(args) -> int:

@@ -28,9 +28,14 @@ def template_dir() -> Path:
         return Path(__file__).resolve().parent.parent / "templates"
 
 
+def cuda_float(value) -> str:
+    """A C++ float literal: `32` -> `32.0f`, `-0.3` -> `-0.3f` (Python's repr keeps a `.` or exponent)."""
+    return f"{float(value)!r}f"
+
+
 @functools.lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir())),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -38,6 +43,8 @@ def environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.filters["cfloat"] = cuda_float
+    return env
 
 
 def render_body(spec) -> str:

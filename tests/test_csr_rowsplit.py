@@ -92,7 +92,9 @@ def test_selection_reason_and_table_order():
     sel = select(stats_with_rows(16), op="spmm", n=128, dtype="float32")
     assert sel.rule == "csr_rowsplit" and sel.spec.family == "csr_rowsplit"
     assert "rows avg 16.0" in sel.reason and "4-wide loads" in sel.reason
-    assert sel.tried[0][:2] == ("csr_rowsplit", True)
+    tried = {rule: (ok, why) for rule, ok, why in sel.tried}
+    assert tried["csr_rowsplit"][0] is True
+    assert tried["spdnn_sliced_ell"] == (False, "op 'spmm' is not spdnn_layer")
 
 
 @pytest.mark.parametrize("op,dtype,needle", [("sddmm", "float32", "not spmm"), ("spmm", "float64", "float64")])

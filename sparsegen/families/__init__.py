@@ -1,10 +1,10 @@
 """The kernel families, in selection order. Adding a family: import it here and append it."""
 from __future__ import annotations
 
-from . import csr_rowsplit
+from . import csr_rowsplit, spdnn_sliced_ell
 
 # Ordered: the first rule that accepts wins; specialised families go before the baseline.
-ORDER = (csr_rowsplit,)
+ORDER = (spdnn_sliced_ell, csr_rowsplit)
 FAMILIES = {fam.FAMILY: fam for fam in ORDER}
 RULES = tuple(rule for fam in ORDER for rule in fam.RULES)
 

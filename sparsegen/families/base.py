@@ -25,10 +25,14 @@ class Request:
     arch: str = "sm_90"
     bias: bool = False
     relu: bool = False
+    options: tuple = ()  # family-specific (name, value) pairs, sorted: part of every cache key
 
     @property
     def short_dtype(self) -> str:
         return DTYPES[self.dtype]
+
+    def option(self, name: str, default=None):
+        return dict(self.options).get(name, default)
 
 
 @dataclass(frozen=True)
@@ -96,9 +100,14 @@ class Arg:
 
 @dataclass(frozen=True)
 class Operand:
+    """An operand the kernel takes or returns; a None dimension takes any size."""
+
     name: str
     shape: tuple
     dtype: str
+
+    def matches(self, shape) -> bool:
+        return len(shape) == len(self.shape) and all(e is None or e == d for e, d in zip(self.shape, shape))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,132 @@
+"""`spdnn_sliced_ell`: one fused sparse DNN layer (Hidayetoglu et al., Graph Challenge 2020).
+
+Y_out = min(max(Y_in · Aᵀ + bias, 0), cap) for the inputs still alive, where A (rows = output
+neurons) is the layer's weight matrix transposed from the challenge's W. Each thread block owns a
+tile of output neurons, gathers the tile's input footprint for a minibatch of inputs into shared
+memory, and accumulates the minibatch in registers over the tile's sliced-ELL weights. The trip
+counts the plan fixes (minibatch, buffer size and count, ELL width) are template constants, so the
+loops unroll; `unroll=False` builds the variant that reads them at run time.
+
+Used through `sparsegen.SparseDNN` (the network driver), which also runs the pruning kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from ..formats import sliced_ell as FORMAT  # noqa: N812
+from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, sm_count
+
+FAMILY = "spdnn_sliced_ell"
+KERNEL = "spdnn_layer"
+SMEM_PER_SM = 227 * 1024  # usable shared memory per SM on sm_90 (bytes)
+THREADS_PER_SM = 2048
+
+
+@dataclass(frozen=True)
+class Spec(KernelSpec):
+    family: ClassVar[str] = FAMILY
+    neurons_in: int
+    neurons_out: int
+    block: int  # threads = output neurons per tile
+    minibatch: int  # inputs per register pass (multiple of 4)
+    stride: int  # floats per shared-memory slot
+    buf: int  # slots per footprint buffer
+    width: int = 0  # uniform ELL width per (buffer, warp); 0: read at run time
+    nbuf: int = 0  # uniform buffers per tile; 0: read at run time
+    index_bits: int = 16
+    value: float | None = None  # every weight equal to this (no value array)
+    bias: float = 0.0
+    cap: float | None = None
+    bias_rule: str = "nonzero"  # "nonzero": challenge rule; "all": every output
+
+    @property
+    def name(self) -> str:
+        trips = f"w{self.width}x{self.nbuf}" if self.width else "wrt"
+        value = f".v{self.value:g}" if self.value is not None else ""
+        cap = f".cap{self.cap:g}" if self.cap is not None else ""
+        return (f"{FAMILY}.n{self.neurons_in}x{self.neurons_out}.b{self.block}.mb{self.minibatch}"
+                f".s{self.stride}.buf{self.buf}.{trips}.i{self.index_bits}{value}.bias{self.bias:g}{cap}"
+                f".{'nz' if self.bias_rule == 'nonzero' else 'all'}")
+
+    @property
+    def shared_bytes(self) -> int:
+        return self.buf * self.stride * 4
+
+
+def padded_stride(minibatch: int) -> int:
+    """Slot stride in floats: float4 reads of slot s start at bank group (s*stride/4) mod 8, which
+    cycles through all 8 groups only when stride/4 is odd."""
+    return minibatch if (minibatch // 4) % 2 else minibatch + 4
+
+
+def choose(stats, request: Request) -> tuple[Spec, str]:
+    m, k = stats.shape
+    minibatch = int(request.option("minibatch", 12))
+    block = int(request.option("block", min(1024, -(-m // 32) * 32 or 32)))
+    stride = padded_stride(minibatch)
+    blocks_per_sm = max(1, THREADS_PER_SM // block)
+    capacity = min(SMEM_PER_SM // blocks_per_sm // (stride * 4), 65536)
+    spec = Spec(k, m, block, minibatch, stride, capacity, 0, 0, 16 if capacity <= 65536 else 32, None,
+                float(request.option("bias", 0.0)), request.option("cap"), request.option("bias_rule", "nonzero"))
+    reason = (f"{m} output neurons in tiles of {block}; minibatch {minibatch} in registers; footprint buffers of "
+              f"up to {capacity} slots ({stride} floats each) in shared memory")
+    return spec, reason
+
+
+def finalize(spec: Spec, plan, request: Request) -> Spec:
+    """Fix the trip counts the encoded plan shows: buffer size, and width/buffer count when uniform."""
+    c = plan.constants
+    unroll = bool(request.option("unroll", True)) and c["uniform_width"] > 0 and c["uniform_buffers"] > 0
+    return replace(spec, buf=max(c["slots_max"], 1), width=c["uniform_width"] if unroll else 0,
+                   nbuf=c["uniform_buffers"] if unroll else 0, value=c["uniform_value"])
+
+
+def _rule(stats, request: Request):
+    if request.op != "spdnn_layer":
+        return decline(f"op {request.op!r} is not spdnn_layer")
+    if request.dtype != "float32":
+        return decline(f"dtype {request.dtype}: the SpDNN layer kernel is fp32")
+    if int(request.option("minibatch", 12)) % 4:
+        return decline("minibatch must be a multiple of 4 (float4 shared-memory reads)")
+    return accept(*choose(stats, request))
+
+
+RULES = (Rule("spdnn_sliced_ell", FAMILY, _rule),)
+
+ARGUMENTS = (Arg("map", "plan"), Arg("map_disp", "plan"), Arg("buf_disp", "plan"), Arg("warp_disp", "plan"),
+             Arg("index", "plan"), Arg("value", "plan"), Arg("y_in", "input"), Arg("y_out", "output"),
+             Arg("alive", "state"), Arg("count_in", "state"), Arg("count_next", "state"), Arg("flags", "state"),
+             Arg("history", "state"), Arg("layer", "layer"))
+
+
+def arguments(spec: Spec) -> tuple[Arg, ...]:
+    return tuple(a for a in ARGUMENTS if a.name != "value" or spec.value is None)
+
+
+def encode(csr, spec: Spec, bias=None):
+    import numpy as np
+
+    return FORMAT.encode(csr, spec.block, spec.buf, np.uint16 if spec.index_bits == 16 else np.int32)
+
+
+DRIVER = "sparsegen.SparseDNN"  # on the GPU these kernels run inside the network driver
+
+
+def operands(spec: Spec, plan):
+    return (Operand("y_in", (None, spec.neurons_in), "float32"),), Operand("y_out", (None, spec.neurons_out), "float32")
+
+
+def launch(spec: Spec, plan, sms: int | None = None) -> Launch:
+    """Tiles across x; minibatch strides across y, enough blocks to fill every SM twice over."""
+    tiles = plan.constants["tiles"]
+    resident = max(1, THREADS_PER_SM // spec.block) * (sms or sm_count("sm_90"))
+    return Launch((tiles, max(1, -(-2 * resident // max(tiles, 1))), 1), (spec.block, 1, 1), spec.shared_bytes)
+
+
+def alignment(spec: Spec) -> int:
+    return 4
+
+
+def emulate(spec: Spec, plan, inputs: dict):
+    return FORMAT.layer(plan, inputs["y_in"], spec.bias, spec.cap, spec.bias_rule)

@@ -1,0 +1,227 @@
+"""Sparse DNN inference (the Graph Challenge workload): compile every layer, run the network.
+
+    net = sparsegen.SparseDNN(layers, bias=-0.3, cap=32)      # layers: W_l, inputs x outputs
+    result = net.run(inputs)                                   # inputs: (count, neurons) sparse or dense
+    result.ids, result.features, result.teraedges_per_s
+
+Y_{l+1} = min(max(Y_l · W_l + b, 0), cap), layer after layer; inputs whose row became all zero are
+dropped as the network goes. On the GPU the dropping happens on the device: each layer kernel
+flags the inputs that produced a nonzero, a pruning kernel compacts the alive list, and the next
+layer reads the alive count from device memory, so the host launches all layers without waiting
+for any of them (the 2020 code copied the flags back and compacted on the host every layer).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+from . import api
+from .errors import ShapeError
+from .formats import sliced_ell
+from .io import as_csr
+
+SUPPORT_BLOCK = 256
+
+
+@dataclass(frozen=True)
+class Result:
+    """Surviving inputs (0-based ids, ascending), their final features, and how the run went."""
+
+    ids: np.ndarray
+    features: np.ndarray
+    alive_per_layer: tuple
+    inputs: int
+    edges: int  # sum over layers of nnz(W_l)
+    timings_ms: dict = field(default_factory=dict)
+
+    @property
+    def categories(self) -> np.ndarray:
+        """1-based ids, as the challenge's answer files list them."""
+        return self.ids + 1
+
+    @property
+    def teraedges_per_s(self) -> float | None:
+        """inputs x sum(nnz) / inference time (kernels and pruning), as the challenge counts it."""
+        ms = self.timings_ms.get("inference")
+        return self.inputs * self.edges / (ms * 1e-3) / 1e12 if ms else None
+
+
+class SparseDNN:
+    """A compiled sparse network: one kernel per layer (layers with equal specs share a cubin)."""
+
+    def __init__(self, layers, bias: float, cap: float | None = 32.0, *, bias_rule: str = "nonzero",
+                 convention: str = "challenge", backend: str = "auto", arch: str | None = None,
+                 minibatch: int = 12, unroll: bool = True, progress: bool | None = None):
+        if not len(layers):
+            raise ShapeError("a network needs at least one layer")
+        if convention not in ("challenge", "rows_out"):
+            raise ShapeError("convention must be 'challenge' (W: inputs x outputs) or 'rows_out' (A = W^T)")
+        self.bias, self.cap, self.bias_rule = float(bias), cap, bias_rule
+        t0 = time.perf_counter()
+        show = sys.stderr.isatty() if progress is None else progress
+        self.kernels = []
+        for i, layer in enumerate(layers):
+            w = as_csr(layer)
+            a = w.T.tocsr() if convention == "challenge" else w
+            a.sort_indices()
+            if self.kernels and a.shape[1] != self.kernels[-1].shape[0]:
+                raise ShapeError(f"layer {i + 1} takes {a.shape[1]} inputs but layer {i} has "
+                                 f"{self.kernels[-1].shape[0]} outputs")
+            self.kernels.append(api.compile(a, op="spdnn_layer", bias=bias, cap=cap, bias_rule=bias_rule,
+                                            options={"minibatch": minibatch, "unroll": unroll},
+                                            backend=backend, arch=arch))
+            if show and time.perf_counter() - t0 > 1.0:
+                print(f"\rsparsegen: compiled layer {i + 1}/{len(layers)}", end="", file=sys.stderr, flush=True)
+        if show and time.perf_counter() - t0 > 1.0:
+            print(file=sys.stderr)
+        self.compile_ms = 1e3 * (time.perf_counter() - t0)
+        self.backend = self.kernels[0].backend
+
+    @property
+    def neurons(self) -> int:
+        return self.kernels[0].shape[1]
+
+    @property
+    def edges(self) -> int:
+        return int(sum(k.plan.constants["nnz"] for k in self.kernels))
+
+    @property
+    def specs(self) -> list[str]:
+        """The distinct kernel specs of the network (often one for all its layers)."""
+        return sorted({k.spec.name for k in self.kernels})
+
+    def run(self, inputs, batch: int | None = None) -> Result:
+        """Run every layer over `inputs` (count x neurons); returns the survivors."""
+        x = as_csr(inputs).astype(np.float32)
+        if x.shape[1] != self.neurons:
+            raise ShapeError(f"inputs: expected {self.neurons} columns (neurons), got {x.shape[1]}")
+        if self.backend == "emulate":
+            return self._run_emulated(x)
+        from . import runtime
+
+        return _GpuRun(self, runtime).run(x, batch)
+
+    def _run_emulated(self, x) -> Result:
+        t0 = time.perf_counter()
+        ids = np.arange(x.shape[0])
+        y = x.toarray()
+        alive = []
+        for kernel in self.kernels:
+            y = sliced_ell.layer(kernel.plan, y, self.bias, self.cap, self.bias_rule)
+            keep = (y > 0).any(axis=1)
+            ids, y = ids[keep], y[keep]
+            alive.append(int(ids.size))
+        ms = 1e3 * (time.perf_counter() - t0)
+        return Result(ids, y, tuple(alive), x.shape[0], self.edges,
+                      {"compile": self.compile_ms, "inference": ms, "emulated": True})
+
+
+class _GpuRun:
+    """One run of a network on the GPU: buffers, launches, timing."""
+
+    def __init__(self, net: SparseDNN, runtime):
+        self.net, self.rt = net, runtime
+        self.drv = runtime._driver()
+        runtime.ensure_context()
+        self.sms = runtime.device().get_attribute(self.drv.device_attribute.MULTIPROCESSOR_COUNT)
+        first = net.kernels[0]
+        load = lambda name: runtime.load_function(first.cubin_key, first.cubin, name)  # noqa: E731
+        self.prune, self.scatter, self.iota, self.gather = (load(n) for n in
+                                                            ("spdnn_prune", "spdnn_scatter", "spdnn_iota", "spdnn_gather"))
+        self.layers = []
+        for k in net.kernels:
+            geometry = k.family.launch(k.spec, k.plan, self.sms)
+            func = runtime.load_function(k.cubin_key, k.cubin, k.family.KERNEL, geometry.shared_bytes)
+            plan = k.device_arrays()
+            fixed = [plan[name] for name in ("map", "map_disp", "buf_disp", "warp_disp", "index")]
+            if "value" in k.plan.arrays:
+                fixed.append(plan["value"])
+            # prepared: packing 14 arguments by format string, not by inspection, on every launch
+            func.prepare("P" * (len(fixed) + 7) + "i")
+            self.layers.append((func, geometry, [int(p) for p in fixed]))
+        self.prune.prepare("PPPPP")
+
+    def run(self, x: sp.csr_matrix, batch: int | None) -> Result:
+        drv, n = self.drv, self.net.neurons
+        t_all = time.perf_counter()
+        per_input = 2 * n * 4 + 3 * 4
+        free, _ = drv.mem_get_info()
+        batch = batch or max(1, min(x.shape[0], int(0.6 * free) // per_input))
+        parts, timings = [], {"transfer": 0.0, "kernels": 0.0, "pruning": 0.0, "inference": 0.0}
+        alive_total = np.zeros(len(self.layers), np.int64)
+        for start in range(0, x.shape[0], batch):
+            ids, feats, alive, t = self._run_batch(x[start:start + batch])
+            parts.append((ids + start, feats))
+            alive_total += alive
+            for key_ in timings:
+                timings[key_] += t[key_]
+        ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+        feats = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, n), np.float32)
+        timings["compile"] = self.net.compile_ms
+        timings["total_run"] = 1e3 * (time.perf_counter() - t_all)
+        timings["batches"] = -(-x.shape[0] // batch) if x.shape[0] else 0
+        return Result(ids, feats, tuple(int(a) for a in alive_total), x.shape[0], self.net.edges, timings)
+
+    def _run_batch(self, x: sp.csr_matrix):
+        drv, n, rows = self.drv, self.net.neurons, x.shape[0]
+        layers = len(self.layers)
+        t = time.perf_counter()
+        y = [drv.mem_alloc(max(rows * n * 4, 4)) for _ in range(2)]
+        alive = [drv.mem_alloc(max(rows * 4, 4)) for _ in range(2)]
+        counts = drv.mem_alloc(8)
+        flags = drv.mem_alloc(max(rows * 4, 4))
+        history = drv.mem_alloc(max(layers * 4, 4))
+        drv.memset_d32(y[0], 0, rows * n)
+        drv.memset_d32(flags, 0, rows)
+        indptr = drv.to_device(x.indptr.astype(np.int32))
+        cols = drv.to_device(x.indices.astype(np.int32) if x.nnz else np.zeros(1, np.int32))
+        vals = drv.to_device(x.data.astype(np.float32) if x.nnz else np.zeros(1, np.float32))
+        grid = (min(max(rows, 1), 65535), 1, 1)
+        self.scatter(indptr, cols, vals, y[0], np.int32(rows), np.int32(n), block=(SUPPORT_BLOCK, 1, 1), grid=grid)
+        self.iota(alive[0], counts, np.int32(rows), block=(SUPPORT_BLOCK, 1, 1),
+                  grid=(min(-(-max(rows, 1) // SUPPORT_BLOCK), 4096), 1, 1))
+        drv.Context.synchronize()
+        upload_ms = 1e3 * (time.perf_counter() - t)
+
+        marks = [drv.Event() for _ in range(2 * layers + 1)]
+        prune_grid = (min(-(-max(rows, 1) // SUPPORT_BLOCK), 8 * self.sms), 1, 1)
+        c0, c1 = int(counts), int(counts) + 4
+        ys, alives, flag_ptr, hist_ptr = [int(p) for p in y], [int(p) for p in alive], int(flags), int(history)
+        marks[0].record()
+        for l, (func, geometry, fixed) in enumerate(self.layers):
+            cur, nxt = (c0, c1) if l % 2 == 0 else (c1, c0)
+            func.prepared_call(geometry.grid, geometry.block, *fixed, ys[l % 2], ys[(l + 1) % 2], alives[l % 2],
+                               cur, nxt, flag_ptr, hist_ptr, l, shared_size=geometry.shared_bytes)
+            marks[2 * l + 1].record()
+            self.prune.prepared_call(prune_grid, (SUPPORT_BLOCK, 1, 1), alives[l % 2], cur, flag_ptr,
+                                     alives[(l + 1) % 2], nxt)
+            marks[2 * l + 2].record()
+        marks[-1].synchronize()
+        kernels = sum(marks[2 * l].time_till(marks[2 * l + 1]) for l in range(layers))
+        pruning = sum(marks[2 * l + 1].time_till(marks[2 * l + 2]) for l in range(layers))
+        inference = marks[0].time_till(marks[-1])
+
+        t = time.perf_counter()
+        final = layers % 2
+        count = np.zeros(1, np.int32)
+        drv.memcpy_dtoh(count, c0 if final == 0 else c1)
+        survivors = int(count[0])
+        out = drv.mem_alloc(max(survivors * n * 4, 4))
+        self.gather(y[final], alive[final], np.uintp(c0 if final == 0 else c1), out, np.int32(n),
+                    block=(SUPPORT_BLOCK, 1, 1), grid=(min(max(survivors, 1), 65535), 1, 1))
+        feats = np.empty((survivors, n), np.float32)
+        ids = np.empty(survivors, np.int32)
+        hist = np.empty(layers, np.int32)
+        if survivors:
+            drv.memcpy_dtoh(feats, out)
+            drv.memcpy_dtoh(ids, alive[final])
+        drv.memcpy_dtoh(hist, history)
+        download_ms = 1e3 * (time.perf_counter() - t)
+        order = np.argsort(ids, kind="stable")  # the pruning kernel appends in no fixed order
+        alive_after = np.r_[hist[1:], survivors]
+        timing = {"transfer": upload_ms + download_ms, "kernels": kernels, "pruning": pruning, "inference": inference}
+        return ids[order].astype(np.int64), feats[order], alive_after, timing

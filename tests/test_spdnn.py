@@ -1,0 +1,165 @@
+"""The sparse DNN family and driver: encoder, emulator and GPU against scipy and the official answer."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import sparsegen
+from sparsegen.errors import ShapeError, UnsupportedError
+from sparsegen.formats import sliced_ell
+
+from .helpers import random_csr
+
+
+def scipy_network(layers, y, bias, cap, bias_rule="nonzero"):
+    """Float64 reference in the challenge convention, dropping dead inputs; returns (ids, features)."""
+    ids = np.arange(y.shape[0])
+    y = np.asarray(y, np.float64)
+    for w in layers:
+        z = y @ w.toarray().astype(np.float64)
+        z = np.where(z != 0, z + bias, 0) if bias_rule == "nonzero" else z + bias
+        y = np.minimum(np.maximum(z, 0), cap if cap is not None else np.inf)
+        keep = (y > 0).any(axis=1)
+        ids, y = ids[keep], y[keep]
+    return ids, y
+
+
+def random_layers(neurons, count, per_row, seed):
+    rng = np.random.default_rng(seed)
+    layers = []
+    for _ in range(count):
+        cols = np.argsort(rng.random((neurons, neurons)), axis=1)[:, :per_row]
+        w = sp.csr_matrix((rng.uniform(0.05, 0.3, neurons * per_row).astype(np.float32),
+                           (np.repeat(np.arange(neurons), per_row), cols.ravel())), shape=(neurons, neurons))
+        layers.append(w)
+    return layers
+
+
+def random_inputs(count, neurons, density, seed):
+    return random_csr(count, neurons, density, seed=seed).astype(np.float32).__abs__()
+
+
+@pytest.mark.parametrize("block,buf", [(32, 7), (64, 100), (256, 512), (1024, 4096)])
+def test_encoder_round_trips_through_the_emulator(block, buf):
+    a = random_csr(300, 500, 0.03, seed=block)
+    plan = sliced_ell.encode(a, block, buf)
+    y = np.random.default_rng(1).standard_normal((6, 500)).astype(np.float32)
+    assert np.allclose(sliced_ell.layer_product(plan, y), y @ a.T.toarray(), atol=1e-5)
+    if buf < 500:
+        assert plan.constants["buffers"] > plan.constants["tiles"]  # footprints overflowed one buffer
+
+
+def test_encoder_on_an_official_layer_is_uniform(examples_dir):
+    w = sparsegen.load(examples_dir / "n1024-l1.tsv.gz", shape=(1024, 1024))
+    plan = sliced_ell.encode(w.T.tocsr(), 1024, 2048)
+    c = plan.constants
+    assert (c["tiles"], c["buffers"], c["uniform_width"], c["uniform_buffers"]) == (1, 1, 32, 1)
+    assert c["uniform_value"] == 0.0625 and "value" not in plan.arrays and c["padding"] == 1.0
+    assert plan.arrays["index"].dtype == np.uint16
+
+
+def test_spec_is_fully_unrolled_for_uniform_layers_and_runtime_otherwise(examples_dir):
+    w = sparsegen.load(examples_dir / "n1024-l1.tsv.gz", shape=(1024, 1024))
+    k = sparsegen.compile(w.T.tocsr(), op="spdnn_layer", bias=-0.3, cap=32, backend="emulate")
+    assert k.spec.width == 32 and k.spec.nbuf == 1 and k.spec.value == 0.0625
+    assert "constexpr int WIDTH = 32;" in k.source and "#pragma unroll\n            for (int k = 0; k < WIDTH" in k.source
+    rt = sparsegen.compile(w.T.tocsr(), op="spdnn_layer", bias=-0.3, cap=32, backend="emulate",
+                           options={"unroll": False})
+    assert rt.spec.width == 0 and "WIDTH" not in rt.source and ".wrt." in rt.spec.name
+    irregular = sparsegen.compile(random_csr(100, 100, 0.1, seed=2), op="spdnn_layer", bias=0.1,
+                                  backend="emulate")
+    assert irregular.spec.width == 0 and irregular.spec.value is None and "value + (k)" in irregular.source
+
+
+def test_thirty_two_bit_indices_when_asked():
+    plan = sliced_ell.encode(random_csr(64, 70000, 0.001, seed=3), 64, 70000, np.int32)
+    assert plan.arrays["index"].dtype == np.int32 and plan.arrays["index"].max() >= 0
+
+
+@pytest.mark.parametrize("bias_rule", ["nonzero", "all"])
+def test_emulated_network_matches_scipy(bias_rule):
+    layers = random_layers(96, 6, 8, seed=4)
+    y = random_inputs(50, 96, 0.2, seed=5)
+    net = sparsegen.SparseDNN(layers, bias=-0.2, cap=4.0, bias_rule=bias_rule, backend="emulate", progress=False)
+    r = net.run(y)
+    ids, ref = scipy_network(layers, y.toarray(), -0.2, 4.0, bias_rule)
+    assert np.array_equal(r.ids, ids)
+    assert np.allclose(r.features, ref, rtol=1e-5, atol=1e-5)
+    assert len(r.alive_per_layer) == 6 and r.alive_per_layer[-1] == ids.size
+
+
+def test_inputs_that_all_die_and_that_never_die():
+    layers = random_layers(64, 3, 4, seed=6)
+    dead = sparsegen.SparseDNN(layers, bias=-100.0, backend="emulate", progress=False).run(random_inputs(20, 64, 0.3, 7))
+    assert dead.ids.size == 0 and dead.features.shape == (0, 64) and dead.alive_per_layer == (0, 0, 0)
+    alive = sparsegen.SparseDNN(layers, bias=0.5, backend="emulate", progress=False).run(random_inputs(20, 64, 0.3, 7))
+    assert alive.ids.tolist() == list(range(20))
+
+
+def test_network_errors():
+    with pytest.raises(ShapeError, match="at least one layer"):
+        sparsegen.SparseDNN([], bias=0.0)
+    with pytest.raises(ShapeError, match="layer 2 takes 32 inputs but layer 1 has 16 outputs"):
+        sparsegen.SparseDNN([random_csr(8, 16, 0.5), random_csr(32, 8, 0.5)], bias=0.0, backend="emulate")
+    net = sparsegen.SparseDNN(random_layers(32, 1, 4, seed=1), bias=0.0, backend="emulate", progress=False)
+    with pytest.raises(ShapeError, match="expected 32 columns"):
+        net.run(np.zeros((3, 31), np.float32))
+    with pytest.raises(ShapeError, match="one number"):
+        sparsegen.compile(random_csr(8, 8, 0.5), op="spdnn_layer", bias=[1.0] * 8, backend="emulate")
+
+
+def test_official_network_emulated(data_dir):
+    gc = data_dir / "graphchallenge"
+    layers = [sparsegen.load(gc / f"n1024-l{i}.tsv.gz", shape=(1024, 1024)) for i in range(1, 121)]
+    net = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="emulate", progress=False)
+    assert len(net.specs) == 1  # 120 layers, one kernel
+    images = sparsegen.load(gc / "sparse-images-1024-first1200.tsv.gz", shape=(1200, 1024))
+    r = net.run(images)
+    assert r.categories.tolist() == np.loadtxt(gc / "categories-first1200.tsv", dtype=int).tolist()
+    assert np.all(r.features == 32.0)  # from layer 20 on every survivor is saturated
+
+
+# ---- GPU tier --------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_gpu_official_network_gives_the_official_categories(data_dir):
+    gc = data_dir / "graphchallenge"
+    layers = [sparsegen.load(gc / f"n1024-l{i}.tsv.gz", shape=(1024, 1024)) for i in range(1, 121)]
+    images = sparsegen.load(gc / "sparse-images-1024-first1200.tsv.gz", shape=(1200, 1024))
+    for unroll in (True, False):
+        net = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="gpu", unroll=unroll, progress=False)
+        r = net.run(images)
+        assert r.categories.tolist() == np.loadtxt(gc / "categories-first1200.tsv", dtype=int).tolist()
+        emu = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="emulate", progress=False).run(images)
+        assert r.alive_per_layer == emu.alive_per_layer
+        assert np.array_equal(r.features, emu.features)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["irregular", "multi_buffer", "not_minibatch_multiple", "all_die", "never_die"])
+def test_gpu_network_matches_scipy(case):
+    neurons, count, bias, cap = 256, 61, -0.15, 3.0
+    layers = random_layers(neurons, 5, 12, seed=8)
+    options = {}
+    if case == "multi_buffer":  # small tiles whose footprints overflow one buffer
+        layers = random_layers(4096, 3, 32, seed=9)
+        neurons = 4096
+    if case == "all_die":
+        bias = -50.0
+    if case == "never_die":
+        bias = 0.5
+    y = random_inputs(count if case != "not_minibatch_multiple" else 13, neurons, 0.1, seed=10)
+    net = sparsegen.SparseDNN(layers, bias=bias, cap=cap, backend="gpu", progress=False, **options)
+    r = net.run(y, batch=40 if case == "irregular" else None)
+    ids, ref = scipy_network(layers, y.toarray(), bias, cap)
+    assert np.array_equal(r.ids, ids)
+    assert np.allclose(r.features, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_layer_kernel_refuses_direct_calls(examples_dir):
+    w = sparsegen.load(examples_dir / "n1024-l1.tsv.gz", shape=(1024, 1024))
+    k = sparsegen.compile(w.T.tocsr(), op="spdnn_layer", bias=-0.3, backend="gpu")
+    with pytest.raises(UnsupportedError, match="SparseDNN"):
+        k(np.zeros((4, 1024), np.float32))
