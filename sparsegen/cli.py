@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto", choices=["auto", "gpu", "emulate"])
     p.add_argument("--runtime-trips", action="store_true",
                    help="run: the kernel variant that reads widths and buffer counts at run time (not unrolled)")
-    p.add_argument("--minibatch", type=int, default=12, help="run: inputs per register pass (multiple of 4)")
+    p.add_argument("--minibatch", type=int, default=16, help="run: inputs per register pass (multiple of 4)")
+    p.add_argument("--block", type=int, default=None, help="run: output neurons per thread block (multiple of 32)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--neurons", type=int, default=1024, help="generate: neurons (16 * a power of two >= 512)")
     p.add_argument("--seed", type=int, default=0, help="generate: seed of the row permutations")
@@ -239,7 +240,7 @@ def run_spdnn(args, gc) -> dict:
     read_ms = 1e3 * (time.perf_counter() - t)
     bias = args.bias if args.bias is not None else gc.bias_for(neurons)
     net = SparseDNN(layers, bias=bias, cap=args.cap, backend=args.backend, minibatch=args.minibatch,
-                    unroll=not args.runtime_trips)
+                    block=args.block, unroll=not args.runtime_trips)
     result = net.run(inputs)
     check, expected = None, None
     if args.categories:

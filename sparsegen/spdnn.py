@@ -55,7 +55,8 @@ class SparseDNN:
 
     def __init__(self, layers, bias: float, cap: float | None = 32.0, *, bias_rule: str = "nonzero",
                  convention: str = "challenge", backend: str = "auto", arch: str | None = None,
-                 minibatch: int = 12, unroll: bool = True, progress: bool | None = None):
+                 minibatch: int = 16, block: int | None = None, unroll: bool = True,
+                 progress: bool | None = None):
         if not len(layers):
             raise ShapeError("a network needs at least one layer")
         if convention not in ("challenge", "rows_out"):
@@ -63,6 +64,7 @@ class SparseDNN:
         self.bias, self.cap, self.bias_rule = float(bias), cap, bias_rule
         t0 = time.perf_counter()
         show = sys.stderr.isatty() if progress is None else progress
+        options = {"minibatch": minibatch, "unroll": unroll, **({"block": block} if block else {})}
         self.kernels = []
         for i, layer in enumerate(layers):
             w = as_csr(layer)
@@ -72,7 +74,7 @@ class SparseDNN:
                 raise ShapeError(f"layer {i + 1} takes {a.shape[1]} inputs but layer {i} has "
                                  f"{self.kernels[-1].shape[0]} outputs")
             self.kernels.append(api.compile(a, op="spdnn_layer", bias=bias, cap=cap, bias_rule=bias_rule,
-                                            options={"minibatch": minibatch, "unroll": unroll},
+                                            options=options,
                                             backend=backend, arch=arch))
             if show and time.perf_counter() - t0 > 1.0:
                 print(f"\rsparsegen: compiled layer {i + 1}/{len(layers)}", end="", file=sys.stderr, flush=True)

@@ -72,6 +72,16 @@ def test_spec_is_fully_unrolled_for_uniform_layers_and_runtime_otherwise(example
     assert irregular.spec.width == 0 and irregular.spec.value is None and "value + (k)" in irregular.source
 
 
+def test_equal_weights_with_padding_keep_their_zero_padding(examples_dir):
+    """Regression: tiles of 256 rows whose footprint spans two buffers pad the ELL; when every
+    weight was equal the value array was dropped and padding picked up the common weight."""
+    w = sparsegen.load(examples_dir / "n1024-l1.tsv.gz", shape=(1024, 1024))
+    plan = sliced_ell.encode(w.T.tocsr(), 256, 605)
+    assert plan.constants["padding"] > 1.0 and "value" in plan.arrays and plan.constants["uniform_value"] is None
+    y = np.random.default_rng(0).random((4, 1024)).astype(np.float32)
+    assert np.allclose(sliced_ell.layer_product(plan, y), y @ w.toarray(), atol=1e-5)
+
+
 def test_thirty_two_bit_indices_when_asked():
     plan = sliced_ell.encode(random_csr(64, 70000, 0.001, seed=3), 64, 70000, np.int32)
     assert plan.arrays["index"].dtype == np.int32 and plan.arrays["index"].max() >= 0
@@ -127,12 +137,13 @@ def test_gpu_official_network_gives_the_official_categories(data_dir):
     gc = data_dir / "graphchallenge"
     layers = [sparsegen.load(gc / f"n1024-l{i}.tsv.gz", shape=(1024, 1024)) for i in range(1, 121)]
     images = sparsegen.load(gc / "sparse-images-1024-first1200.tsv.gz", shape=(1200, 1024))
-    for unroll in (True, False):
-        net = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="gpu", unroll=unroll, progress=False)
+    emu = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="emulate", progress=False).run(images)
+    # unrolled, runtime trip counts, and tiles whose footprint spans two padded buffers
+    for options in ({}, {"unroll": False}, {"block": 256, "minibatch": 8}, {"block": 512, "minibatch": 12}):
+        net = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="gpu", progress=False, **options)
         r = net.run(images)
         assert r.categories.tolist() == np.loadtxt(gc / "categories-first1200.tsv", dtype=int).tolist()
-        emu = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="emulate", progress=False).run(images)
-        assert r.alive_per_layer == emu.alive_per_layer
+        assert r.alive_per_layer == emu.alive_per_layer, options
         assert np.array_equal(r.features, emu.features)
 
 

@@ -31,6 +31,7 @@ __all__ = ["SUITES", "BenchConfig", "add_arguments", "run", "get_suite", "gpu_sl
 # name -> module; `graphchallenge` and `llm` are added here when they exist.
 SUITES: dict[str, str] = {
     "dlmc": "sparsegen.bench.dlmc",
+    "graphchallenge": "sparsegen.bench.graphchallenge",
 }
 
 KNOWN_OPS = ("spmm", "sddmm")
@@ -307,9 +308,18 @@ def run(args, *, argv=None) -> int:
         print(line, flush=True)
 
     def checkpoint(doc):
-        report.write_json(doc, out_dir / f"{doc['suite']}.json")
+        if hasattr(suite, "write_reports"):
+            suite.write_json(doc, out_dir)
+        else:
+            report.write_json(doc, out_dir / f"{doc['suite']}.json")
 
     doc = suite.run(cfg, env=env, emit=emit, checkpoint=checkpoint, previous=previous)
+    if hasattr(suite, "write_reports"):  # suites whose cases are not SpMM-shaped write their own
+        paths = suite.write_reports(doc, out_dir)
+        for line in suite.summary_lines(doc):
+            print(line, flush=True)
+        print(f"wrote {paths['json']}, {paths['md']}" + (f", {paths['png']}" if paths.get("png") else ""), flush=True)
+        return 0 if all(c.get("pass") for c in doc["cases"]) else 1
     paths = report.write_all(doc, out_dir)
     for row in report.summarize(doc["cases"]):
         print(f"geomean {row['op']} {row['dtype']} {row['width']}: {row['passed']}/{row['cases']} "

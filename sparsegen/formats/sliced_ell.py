@@ -100,7 +100,9 @@ def encode(csr: sp.csr_matrix, block: int, buf: int, index_dtype=np.uint16) -> P
         "warp_disp": warp_disp.astype(np.int32),
         "index": index,
     }
-    uniform_value = csr.nnz > 0 and bool(np.all(csr.data == csr.data[0]))
+    # One weight for the whole layer drops the value array, but only when nothing is padded:
+    # padding entries point at slot 0 and must contribute a zero weight.
+    uniform_value = 0 < csr.nnz == total // WARP * WARP == total and bool(np.all(csr.data == csr.data[0]))
     if not uniform_value:
         arrays["value"] = value
     widths_nonzero = width[width > 0]
