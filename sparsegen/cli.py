@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runtime-trips", action="store_true",
                    help="run: the kernel variant that reads widths and buffer counts at run time (not unrolled)")
     p.add_argument("--minibatch", type=int, default=16, help="run: inputs per register pass (multiple of 4)")
+    p.add_argument("--stream-weights", action="store_true",
+                   help="run: copy each layer's weights just ahead of use (double buffered) instead of all resident")
+    p.add_argument("--host-pruning", action="store_true",
+                   help="run: compact the alive list on the host every layer (the 2020 code's way; for comparison)")
     p.add_argument("--block", type=int, default=None, help="run: output neurons per thread block (multiple of 32)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--neurons", type=int, default=1024, help="generate: neurons (16 * a power of two >= 512)")
@@ -241,7 +245,8 @@ def run_spdnn(args, gc) -> dict:
     bias = args.bias if args.bias is not None else gc.bias_for(neurons)
     net = SparseDNN(layers, bias=bias, cap=args.cap, backend=args.backend, minibatch=args.minibatch,
                     block=args.block, unroll=not args.runtime_trips)
-    result = net.run(inputs)
+    result = net.run(inputs, weights="streamed" if args.stream_weights else "resident",
+                     prune="host" if args.host_pruning else "device")
     check, expected = None, None
     if args.categories:
         expected = gc.read_categories(args.categories)
@@ -251,6 +256,8 @@ def run_spdnn(args, gc) -> dict:
     return {
         "neurons": neurons, "layers": len(layers), "inputs": int(inputs.shape[0]), "input_nnz": int(inputs.nnz),
         "edges": net.edges, "bias": bias, "cap": args.cap, "backend": net.backend, "specs": net.specs,
+        "weights": "streamed" if args.stream_weights else "resident",
+        "pruning": "host" if args.host_pruning else "device",
         "survivors": int(result.ids.size), "categories": result.categories.tolist(),
         "check": check, "expected": None if expected is None else int(expected.size),
         "alive_per_layer": list(result.alive_per_layer),

@@ -96,8 +96,12 @@ class SparseDNN:
         """The distinct kernel specs of the network (often one for all its layers)."""
         return sorted({k.spec.name for k in self.kernels})
 
-    def run(self, inputs, batch: int | None = None) -> Result:
-        """Run every layer over `inputs` (count x neurons); returns the survivors."""
+    def run(self, inputs, batch: int | None = None, *, weights: str = "resident", prune: str = "device") -> Result:
+        """Run every layer over `inputs` (count x neurons); returns the survivors.
+
+        weights="streamed" copies each layer's weights to the GPU just ahead of its use (double
+        buffered on a second stream) instead of keeping all layers resident; prune="host" is the
+        2020 code's per-layer host round trip, kept for comparison."""
         x = as_csr(inputs).astype(np.float32)
         if x.shape[1] != self.neurons:
             raise ShapeError(f"inputs: expected {self.neurons} columns (neurons), got {x.shape[1]}")
@@ -105,7 +109,7 @@ class SparseDNN:
             return self._run_emulated(x)
         from . import runtime
 
-        return _GpuRun(self, runtime).run(x, batch)
+        return _GpuRun(self, runtime, weights, prune).run(x, batch)
 
     def _run_emulated(self, x) -> Result:
         t0 = time.perf_counter()
@@ -123,10 +127,19 @@ class SparseDNN:
 
 
 class _GpuRun:
-    """One run of a network on the GPU: buffers, launches, timing."""
+    """One run of a network on the GPU: buffers, launches, timing.
 
-    def __init__(self, net: SparseDNN, runtime):
-        self.net, self.rt = net, runtime
+    weights="resident": every layer's plan stays on the device. weights="streamed": each layer's
+    arrays live in one pinned host buffer and are copied on a second stream into one of two device
+    slots while the previous layer computes (double buffering). prune="device" compacts the alive
+    list on the GPU; prune="host" copies the flags back and compacts on the host every layer, as
+    the 2020 code did (kept to measure the difference).
+    """
+
+    def __init__(self, net: SparseDNN, runtime, weights: str = "resident", prune: str = "device"):
+        if weights not in ("resident", "streamed") or prune not in ("device", "host"):
+            raise ShapeError("weights must be 'resident' or 'streamed', prune 'device' or 'host'")
+        self.net, self.rt, self.weights, self.prune_on = net, runtime, weights, prune
         self.drv = runtime._driver()
         runtime.ensure_context()
         self.sms = runtime.device().get_attribute(self.drv.device_attribute.MULTIPROCESSOR_COUNT)
@@ -138,14 +151,21 @@ class _GpuRun:
         for k in net.kernels:
             geometry = k.family.launch(k.spec, k.plan, self.sms)
             func = runtime.load_function(k.cubin_key, k.cubin, k.family.KERNEL, geometry.shared_bytes)
-            plan = k.device_arrays()
-            fixed = [plan[name] for name in ("map", "map_disp", "buf_disp", "warp_disp", "index")]
-            if "value" in k.plan.arrays:
-                fixed.append(plan["value"])
+            names = [n for n in PLAN_ARRAYS if n in k.plan.arrays]
             # prepared: packing 14 arguments by format string, not by inspection, on every launch
-            func.prepare("P" * (len(fixed) + 7) + "i")
-            self.layers.append((func, geometry, [int(p) for p in fixed]))
+            func.prepare("P" * (len(names) + 7) + "i")
+            if weights == "resident":
+                plan = k.device_arrays()
+                self.layers.append((func, geometry, [int(plan[n]) for n in names]))
+            else:
+                self.layers.append((func, geometry, _pack(k.plan.arrays, names, self.drv)))
         self.prune.prepare("PPPPP")
+        if weights == "streamed":
+            size = max(packed.nbytes for _, _, (packed, _) in self.layers)
+            self.slots = [self.drv.mem_alloc(size) for _ in range(2)]
+            self.copy_stream, self.stream = self.drv.Stream(), self.drv.Stream()
+        else:
+            self.stream = None
 
     def run(self, x: sp.csr_matrix, batch: int | None) -> Result:
         drv, n = self.drv, self.net.neurons
@@ -193,15 +213,28 @@ class _GpuRun:
         prune_grid = (min(-(-max(rows, 1) // SUPPORT_BLOCK), 8 * self.sms), 1, 1)
         c0, c1 = int(counts), int(counts) + 4
         ys, alives, flag_ptr, hist_ptr = [int(p) for p in y], [int(p) for p in alive], int(flags), int(history)
-        marks[0].record()
+        stream = self.stream
+        copied = self._prefetch(0, None) if self.weights == "streamed" else None
+        host_alive = np.arange(rows, dtype=np.int32)
+        marks[0].record(stream)
         for l, (func, geometry, fixed) in enumerate(self.layers):
             cur, nxt = (c0, c1) if l % 2 == 0 else (c1, c0)
-            func.prepared_call(geometry.grid, geometry.block, *fixed, ys[l % 2], ys[(l + 1) % 2], alives[l % 2],
-                               cur, nxt, flag_ptr, hist_ptr, l, shared_size=geometry.shared_bytes)
-            marks[2 * l + 1].record()
-            self.prune.prepared_call(prune_grid, (SUPPORT_BLOCK, 1, 1), alives[l % 2], cur, flag_ptr,
-                                     alives[(l + 1) % 2], nxt)
-            marks[2 * l + 2].record()
+            if self.weights == "streamed":
+                stream.wait_for_event(copied)  # layer l's weights are in slot l % 2
+                base, offsets = int(self.slots[l % 2]), fixed[1]
+                fixed = [base + o for o in offsets]
+            func.prepared_async_call(geometry.grid, geometry.block, stream, *fixed, ys[l % 2], ys[(l + 1) % 2],
+                                     alives[l % 2], cur, nxt, flag_ptr, hist_ptr, l,
+                                     shared_size=geometry.shared_bytes)
+            marks[2 * l + 1].record(stream)
+            if self.weights == "streamed" and l + 1 < layers:
+                copied = self._prefetch(l + 1, marks[2 * l - 1] if l else None)
+            if self.prune_on == "device":
+                self.prune.prepared_async_call(prune_grid, (SUPPORT_BLOCK, 1, 1), stream, alives[l % 2], cur,
+                                               flag_ptr, alives[(l + 1) % 2], nxt)
+            else:
+                host_alive = self._prune_on_host(host_alive, flag_ptr, alives[(l + 1) % 2], nxt)
+            marks[2 * l + 2].record(stream)
         marks[-1].synchronize()
         kernels = sum(marks[2 * l].time_till(marks[2 * l + 1]) for l in range(layers))
         pruning = sum(marks[2 * l + 1].time_till(marks[2 * l + 2]) for l in range(layers))
@@ -227,3 +260,45 @@ class _GpuRun:
         alive_after = np.r_[hist[1:], survivors]
         timing = {"transfer": upload_ms + download_ms, "kernels": kernels, "pruning": pruning, "inference": inference}
         return ids[order].astype(np.int64), feats[order], alive_after, timing
+
+    def _prefetch(self, l: int, slot_free):
+        """Copy layer l's packed weights into slot l % 2 on the copy stream, once the layer that
+        last used that slot (l - 2) is done; returns the event that marks the copy complete."""
+        packed, _ = self.layers[l][2]
+        if slot_free is not None:
+            self.copy_stream.wait_for_event(slot_free)
+        self.drv.memcpy_htod_async(self.slots[l % 2], packed, self.copy_stream)
+        done = self.drv.Event()
+        done.record(self.copy_stream)
+        return done
+
+    def _prune_on_host(self, host_alive, flag_ptr, alive_out, count_out):
+        """The 2020 way: flags to the host, compact there, alive list and count back (a round trip)."""
+        drv = self.drv
+        flags = np.empty(host_alive.size, np.int32)
+        if host_alive.size:
+            drv.memcpy_dtoh(flags, flag_ptr)
+        kept = np.ascontiguousarray(host_alive[flags != 0])
+        if kept.size:
+            drv.memcpy_htod(alive_out, kept)
+        drv.memcpy_htod(count_out, np.array([kept.size], np.int32))
+        if host_alive.size:
+            drv.memset_d32(flag_ptr, 0, host_alive.size)
+        return kept
+
+
+PLAN_ARRAYS = ("map", "map_disp", "buf_disp", "warp_disp", "index", "value")
+ALIGN = 256
+
+
+def _pack(arrays: dict, names, drv):
+    """A layer's arrays in one pinned host buffer (256-byte aligned pieces) and their offsets."""
+    offsets, total = [], 0
+    for n in names:
+        offsets.append(total)
+        total += -(-arrays[n].nbytes // ALIGN) * ALIGN
+    packed = drv.pagelocked_empty(max(total, ALIGN), np.uint8)
+    for n, o in zip(names, offsets):
+        raw = np.ascontiguousarray(arrays[n]).view(np.uint8).ravel()
+        packed[o:o + raw.size] = raw
+    return packed, offsets

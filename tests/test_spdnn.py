@@ -145,6 +145,9 @@ def test_gpu_official_network_gives_the_official_categories(data_dir):
         assert r.categories.tolist() == np.loadtxt(gc / "categories-first1200.tsv", dtype=int).tolist()
         assert r.alive_per_layer == emu.alive_per_layer, options
         assert np.array_equal(r.features, emu.features)
+    for mode in ({"weights": "streamed"}, {"prune": "host"}, {"weights": "streamed", "prune": "host"}):
+        r = net.run(images, **mode)
+        assert r.categories.tolist() == emu.categories.tolist() and r.alive_per_layer == emu.alive_per_layer, mode
 
 
 @pytest.mark.gpu
@@ -162,10 +165,11 @@ def test_gpu_network_matches_scipy(case):
         bias = 0.5
     y = random_inputs(count if case != "not_minibatch_multiple" else 13, neurons, 0.1, seed=10)
     net = sparsegen.SparseDNN(layers, bias=bias, cap=cap, backend="gpu", progress=False, **options)
-    r = net.run(y, batch=40 if case == "irregular" else None)
     ids, ref = scipy_network(layers, y.toarray(), bias, cap)
-    assert np.array_equal(r.ids, ids)
-    assert np.allclose(r.features, ref, rtol=1e-5, atol=1e-5)
+    for mode in ({}, {"weights": "streamed"}, {"prune": "host"}):
+        r = net.run(y, batch=40 if case == "irregular" else None, **mode)
+        assert np.array_equal(r.ids, ids), mode
+        assert np.allclose(r.features, ref, rtol=1e-5, atol=1e-5), mode
 
 
 @pytest.mark.gpu

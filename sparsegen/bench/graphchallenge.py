@@ -32,11 +32,12 @@ class Case:
     count: int | None  # inputs used (None: all)
     reference_count: int | None  # inputs the scipy reference checks (None: all)
     runtime_variant: bool = False  # also time the kernel that reads its trip counts at run time
+    modes: bool = False  # also time streamed weights and host-side pruning
 
 
 CASES = (
     Case("official/n1024-l120/1200-official-images", 1024, 120, "official", None, None),
-    Case("official/n1024-l120/60000-mnist", 1024, 120, "mnist", 60000, None, runtime_variant=True),
+    Case("official/n1024-l120/60000-mnist", 1024, 120, "mnist", 60000, None, runtime_variant=True, modes=True),
     Case("generated/n4096-l120/60000-mnist", 4096, 120, "mnist", 60000, 2000),
     Case("generated/n1024-l1920/60000-mnist", 1024, 1920, "mnist", 60000, 2000),
     Case("generated/n16384-l120/10000-mnist", 16384, 120, "mnist", 10000, 500),
@@ -89,9 +90,9 @@ def load_case(case: Case, data: Path):
     return layers, x
 
 
-def best_run(net, x):
-    net.run(x[: min(x.shape[0], 64)])  # warm-up: load modules, first launches
-    runs = [net.run(x) for _ in range(RUNS)]
+def best_run(net, x, **mode):
+    net.run(x[: min(x.shape[0], 64)], **mode)  # warm-up: load modules, first launches
+    runs = [net.run(x, **mode) for _ in range(RUNS)]
     return min(runs, key=lambda r: r.timings_ms["inference"]), runs
 
 
@@ -148,6 +149,13 @@ def run_case(case: Case, data: Path, emit) -> dict:
         rec["teraedges_per_s"]["sparsegen_runtime_trips"] = rt_best.teraedges_per_s
         rec["runtime_trips_specs"] = rt.specs
         rec["runtime_trips_same_answer"] = bool(np.array_equal(rt_best.ids, best.ids))
+    if case.modes:
+        for name, mode in (("sparsegen_streamed_weights", {"weights": "streamed"}),
+                           ("sparsegen_host_pruning", {"prune": "host"})):
+            other, _ = best_run(net, x, **mode)
+            rec["ms"][name] = other.timings_ms["inference"]
+            rec["teraedges_per_s"][name] = other.teraedges_per_s
+            rec[f"{name}_same_answer"] = bool(np.array_equal(other.ids, best.ids))
     loop_ms, loop_ids = cusparse_loop(layers, x, bias)
     rec["ms"]["cusparse_loop"] = loop_ms
     rec["teraedges_per_s"]["cusparse_loop"] = x.shape[0] * net.edges / (loop_ms * 1e-3) / 1e12
@@ -212,6 +220,16 @@ def markdown(doc: dict) -> str:
             lines.append(f"| {c['id']} | {c['ms']['sparsegen']:.3f} | {c['ms']['sparsegen_runtime_trips']:.3f} | "
                          f"{c['ms']['sparsegen_runtime_trips'] / c['ms']['sparsegen']:.3f}x | "
                          f"{c['runtime_trips_same_answer']} |")
+    modes = [c for c in doc["cases"] if "sparsegen_streamed_weights" in c.get("ms", {})]
+    if modes:
+        lines += ["", "Resident against streamed weights, and pruning on the device against a host round trip "
+                  "per layer (the 2020 code's way):", "",
+                  "| case | resident, device pruning ms | streamed weights ms | host pruning ms | same answers |",
+                  "|---|---|---|---|---|"]
+        for c in modes:
+            lines.append(f"| {c['id']} | {c['ms']['sparsegen']:.3f} | {c['ms']['sparsegen_streamed_weights']:.3f} | "
+                         f"{c['ms']['sparsegen_host_pruning']:.3f} | "
+                         f"{c['sparsegen_streamed_weights_same_answer'] and c['sparsegen_host_pruning_same_answer']} |")
     if doc.get("truncated"):
         lines += ["", "**Truncated**: the run stopped at its --max-minutes limit."]
     lines += ["", "Specs:", ""] + [f"- {c['id']}: {', '.join(c.get('specs', []))}" for c in doc["cases"]]
