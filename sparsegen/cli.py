@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run: copy each layer's weights just ahead of use (double buffered) instead of all resident")
     p.add_argument("--host-pruning", action="store_true",
                    help="run: compact the alive list on the host every layer (the 2020 code's way; for comparison)")
+    p.add_argument("--relabel", default="auto", choices=["auto", "always", "never"],
+                   help="run: relabel hidden neurons to shrink footprints (auto: when the first layers show it pays)")
     p.add_argument("--block", type=int, default=None, help="run: output neurons per thread block (multiple of 32)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--neurons", type=int, default=1024, help="generate: neurons (16 * a power of two >= 512)")
@@ -244,7 +246,7 @@ def run_spdnn(args, gc) -> dict:
     read_ms = 1e3 * (time.perf_counter() - t)
     bias = args.bias if args.bias is not None else gc.bias_for(neurons)
     net = SparseDNN(layers, bias=bias, cap=args.cap, backend=args.backend, minibatch=args.minibatch,
-                    block=args.block, unroll=not args.runtime_trips)
+                    block=args.block, unroll=not args.runtime_trips, relabel=args.relabel)
     result = net.run(inputs, weights="streamed" if args.stream_weights else "resident",
                      prune="host" if args.host_pruning else "device")
     check, expected = None, None
@@ -257,6 +259,7 @@ def run_spdnn(args, gc) -> dict:
         "neurons": neurons, "layers": len(layers), "inputs": int(inputs.shape[0]), "input_nnz": int(inputs.nnz),
         "edges": net.edges, "bias": bias, "cap": args.cap, "backend": net.backend, "specs": net.specs,
         "weights": "streamed" if args.stream_weights else "resident",
+        "relabeling": {"applied": net.relabel.applied, "reason": net.relabel.reason},
         "pruning": "host" if args.host_pruning else "device",
         "survivors": int(result.ids.size), "categories": result.categories.tolist(),
         "check": check, "expected": None if expected is None else int(expected.size),

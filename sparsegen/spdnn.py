@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -56,7 +56,7 @@ class SparseDNN:
     def __init__(self, layers, bias: float, cap: float | None = 32.0, *, bias_rule: str = "nonzero",
                  convention: str = "challenge", backend: str = "auto", arch: str | None = None,
                  minibatch: int = 16, block: int | None = None, unroll: bool = True,
-                 progress: bool | None = None):
+                 relabel: str = "auto", progress: bool | None = None):
         if not len(layers):
             raise ShapeError("a network needs at least one layer")
         if convention not in ("challenge", "rows_out"):
@@ -65,17 +65,25 @@ class SparseDNN:
         t0 = time.perf_counter()
         show = sys.stderr.isatty() if progress is None else progress
         options = {"minibatch": minibatch, "unroll": unroll, **({"block": block} if block else {})}
-        self.kernels = []
+        matrices = []
         for i, layer in enumerate(layers):
             w = as_csr(layer)
             a = w.T.tocsr() if convention == "challenge" else w
             a.sort_indices()
-            if self.kernels and a.shape[1] != self.kernels[-1].shape[0]:
+            if matrices and a.shape[1] != matrices[-1].shape[0]:
                 raise ShapeError(f"layer {i + 1} takes {a.shape[1]} inputs but layer {i} has "
-                                 f"{self.kernels[-1].shape[0]} outputs")
+                                 f"{matrices[-1].shape[0]} outputs")
+            matrices.append(a)
+        tile = block or min(1024, -(-matrices[0].shape[0] // 32) * 32)
+        self.relabel = choose_relabeling(matrices, tile, relabel)
+        if self.relabel.applied:
+            matrices, self.output_order = relabeled(matrices)
+        else:
+            self.output_order = None
+        self.kernels = []
+        for i, a in enumerate(matrices):
             self.kernels.append(api.compile(a, op="spdnn_layer", bias=bias, cap=cap, bias_rule=bias_rule,
-                                            options=options,
-                                            backend=backend, arch=arch))
+                                            options=options, backend=backend, arch=arch))
             if show and time.perf_counter() - t0 > 1.0:
                 print(f"\rsparsegen: compiled layer {i + 1}/{len(layers)}", end="", file=sys.stderr, flush=True)
         if show and time.perf_counter() - t0 > 1.0:
@@ -106,10 +114,20 @@ class SparseDNN:
         if x.shape[1] != self.neurons:
             raise ShapeError(f"inputs: expected {self.neurons} columns (neurons), got {x.shape[1]}")
         if self.backend == "emulate":
-            return self._run_emulated(x)
-        from . import runtime
+            result = self._run_emulated(x)
+        else:
+            from . import runtime
 
-        return _GpuRun(self, runtime, weights, prune).run(x, batch)
+            result = _GpuRun(self, runtime, weights, prune).run(x, batch)
+        return self._in_original_labels(result)
+
+    def _in_original_labels(self, result: Result) -> Result:
+        """Relabeled networks compute the last layer's neurons in their new order: put them back."""
+        if self.output_order is None:
+            return result
+        features = np.empty_like(result.features)
+        features[:, self.output_order] = result.features
+        return replace(result, features=features)
 
     def _run_emulated(self, x) -> Result:
         t0 = time.perf_counter()
@@ -124,6 +142,71 @@ class SparseDNN:
         ms = 1e3 * (time.perf_counter() - t0)
         return Result(ids, y, tuple(alive), x.shape[0], self.edges,
                       {"compile": self.compile_ms, "inference": ms, "emulated": True})
+
+
+@dataclass(frozen=True)
+class Relabeling:
+    """Whether hidden neurons were relabeled, and the input footprints (distinct inputs summed over
+    tiles) of the sampled layers that decided it."""
+
+    applied: bool
+    reason: str
+    footprint_before: int = 0
+    footprint_after: int = 0
+
+
+RELABEL_GAIN = 0.9  # relabel when the sampled footprints shrink to 90 % or less
+RELABEL_SAMPLE = 3  # layers sampled for the decision (a network repeats its kinds of layers)
+
+
+def row_order(a: sp.csr_matrix) -> np.ndarray:
+    """Rows sorted so that equal and similar rows share tiles: by first column, last column, length.
+
+    Relabeling a layer's output neurons is free: it permutes the next layer's inputs too, and a
+    tile's footprint -- how many distinct inputs its rows touch -- does not change when inputs are
+    renamed. So each layer's rows can be ordered for its own footprints alone."""
+    lengths = np.diff(a.indptr)
+    has = lengths > 0
+    first = np.where(has, a.indices[np.minimum(a.indptr[:-1], max(a.nnz - 1, 0))] if a.nnz else 0, a.shape[1])
+    last = np.where(has, a.indices[np.maximum(a.indptr[1:] - 1, 0)] if a.nnz else 0, a.shape[1])
+    return np.lexsort((lengths, last, first))
+
+
+def tile_footprint(a: sp.csr_matrix, tile: int) -> int:
+    """Distinct inputs per tile of `tile` rows, summed over tiles (what the gather loads per pass)."""
+    rows = np.repeat(np.arange(a.shape[0], dtype=np.int64), np.diff(a.indptr))
+    return int(np.unique(rows // tile * a.shape[1] + a.indices).size)
+
+
+def choose_relabeling(matrices, tile: int, mode) -> Relabeling:
+    if mode in (False, "never", "off"):
+        return Relabeling(False, "relabeling off")
+    sample = matrices[:RELABEL_SAMPLE]
+    before = sum(tile_footprint(a, tile) for a in sample)
+    after = sum(tile_footprint(a[row_order(a)], tile) for a in sample)
+    if mode in (True, "always", "on"):
+        return Relabeling(True, "relabeling asked for", before, after)
+    if mode != "auto":
+        raise ShapeError(f"relabel must be 'auto', 'always' or 'never', got {mode!r}")
+    if len(matrices) > 1 and after <= RELABEL_GAIN * before:
+        return Relabeling(True, f"footprints of the first {len(sample)} layers shrink {before} -> {after}",
+                          before, after)
+    return Relabeling(False, f"footprints would go {before} -> {after}: not worth it", before, after)
+
+
+def relabeled(matrices):
+    """Each layer's rows in `row_order`, and the next layer's columns in the same order. Returns the
+    new matrices and the final layer's order (new neuron i is original neuron order[i])."""
+    out, previous = [], None
+    for a in matrices:
+        if previous is not None:
+            a = a[:, previous].tocsr()
+            a.sort_indices()
+        order = row_order(a)
+        a = a[order].tocsr()
+        out.append(a)
+        previous = order
+    return out, previous
 
 
 class _GpuRun:

@@ -178,3 +178,49 @@ def test_gpu_layer_kernel_refuses_direct_calls(examples_dir):
     k = sparsegen.compile(w.T.tocsr(), op="spdnn_layer", bias=-0.3, backend="gpu")
     with pytest.raises(UnsupportedError, match="SparseDNN"):
         k(np.zeros((4, 1024), np.float32))
+
+
+# ---- relabeling hidden neurons ---------------------------------------------------------------
+
+def generated(neurons, layers):
+    from sparsegen import graphchallenge as gc
+
+    return gc.generate_network(neurons, layers, seed=1)
+
+
+def test_relabeling_shrinks_footprints_and_keeps_the_answer():
+    from sparsegen.spdnn import relabeled, tile_footprint
+
+    layers = generated(4096, 8)
+    a = [w.T.tocsr() for w in layers]
+    b, order = relabeled(a)
+    assert sorted(order.tolist()) == list(range(4096))
+    assert sum(tile_footprint(m, 1024) for m in b) < 0.5 * sum(tile_footprint(m, 1024) for m in a)
+    y = random_inputs(40, 4096, 0.05, seed=11)
+    plain = sparsegen.SparseDNN(layers, bias=-0.35, backend="emulate", relabel="never", progress=False)
+    moved = sparsegen.SparseDNN(layers, bias=-0.35, backend="emulate", relabel="always", progress=False)
+    assert moved.relabel.applied and not plain.relabel.applied
+    r1, r2 = plain.run(y), moved.run(y)
+    assert np.array_equal(r1.ids, r2.ids) and r1.alive_per_layer == r2.alive_per_layer
+    assert np.allclose(r1.features, r2.features, atol=1e-4)  # final neurons back in their labels
+    ids, ref = scipy_network(layers, y.toarray(), -0.35, 32.0)
+    assert np.array_equal(r2.ids, ids) and np.allclose(r2.features, ref, atol=1e-4)
+
+
+def test_relabeling_auto_skips_networks_where_it_cannot_pay(examples_dir):
+    w = sparsegen.load(examples_dir / "n1024-l1.tsv.gz", shape=(1024, 1024))
+    net = sparsegen.SparseDNN([w, w], bias=-0.3, backend="emulate", progress=False)
+    assert not net.relabel.applied and "not worth it" in net.relabel.reason
+    assert sparsegen.SparseDNN(generated(4096, 3), bias=-0.35, backend="emulate", progress=False).relabel.applied
+    with pytest.raises(ShapeError, match="relabel must be"):
+        sparsegen.SparseDNN([w], bias=-0.3, backend="emulate", relabel="maybe", progress=False)
+
+
+@pytest.mark.gpu
+def test_gpu_relabeled_network_matches_scipy():
+    layers = generated(4096, 6)
+    y = random_inputs(70, 4096, 0.05, seed=12)
+    ids, ref = scipy_network(layers, y.toarray(), -0.35, 32.0)
+    for relabel in ("always", "never"):
+        r = sparsegen.SparseDNN(layers, bias=-0.35, backend="gpu", relabel=relabel, progress=False).run(y)
+        assert np.array_equal(r.ids, ids) and np.allclose(r.features, ref, rtol=1e-5, atol=1e-4), relabel
