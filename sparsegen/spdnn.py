@@ -21,6 +21,7 @@ import scipy.sparse as sp
 
 from . import api
 from .errors import ShapeError
+from .families.spdnn_sliced_ell import default_block
 from .formats import sliced_ell
 from .io import as_csr
 
@@ -74,8 +75,7 @@ class SparseDNN:
                 raise ShapeError(f"layer {i + 1} takes {a.shape[1]} inputs but layer {i} has "
                                  f"{matrices[-1].shape[0]} outputs")
             matrices.append(a)
-        tile = block or min(1024, -(-matrices[0].shape[0] // 32) * 32)
-        self.relabel = choose_relabeling(matrices, tile, relabel)
+        self.relabel = choose_relabeling(matrices, block or default_block(matrices[0].shape[0]), relabel)
         if self.relabel.applied:
             matrices, self.output_order = relabeled(matrices)
         else:

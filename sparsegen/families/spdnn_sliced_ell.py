@@ -57,6 +57,11 @@ class Spec(KernelSpec):
         return self.buf * self.stride * 4
 
 
+def default_block(outputs: int) -> int:
+    """Output neurons per tile: the whole layer up to 1024 (one thread each), in whole warps."""
+    return min(1024, -(-outputs // 32) * 32 or 32)
+
+
 def padded_stride(minibatch: int) -> int:
     """Slot stride in floats: float4 reads of slot s start at bank group (s*stride/4) mod 8, which
     cycles through all 8 groups only when stride/4 is odd."""
@@ -66,7 +71,7 @@ def padded_stride(minibatch: int) -> int:
 def choose(stats, request: Request) -> tuple[Spec, str]:
     m, k = stats.shape
     minibatch = int(request.option("minibatch", DEFAULT_MINIBATCH))
-    block = int(request.option("block", min(1024, -(-m // 32) * 32 or 32)))
+    block = int(request.option("block", default_block(m)))
     stride = padded_stride(minibatch)
     # 1024-thread blocks are register-bound to one per SM: give that block all the shared memory
     blocks_per_sm = 1 if block >= 1024 else THREADS_PER_SM // block
