@@ -65,3 +65,19 @@ def test_missing_nvcc_is_a_compile_error(monkeypatch, tmp_path):
 def test_version_and_toolchain_id():
     assert nvcc.version()[0].isdigit()
     assert nvcc.toolchain_id().startswith("nvcc:/")
+
+
+def spdnn_specs():
+    """The layer kernel's code shapes: unrolled or runtime trip counts, one weight or a value array,
+    both bias rules, with and without a cap, 16- and 32-bit slot indices."""
+    from sparsegen.families.spdnn_sliced_ell import Spec
+
+    return [Spec(1024, 1024, 1024, 16, 20, 1024, 32, 1, 16, 0.0625, -0.3, 32.0, "nonzero"),
+            Spec(4096, 4096, 1024, 12, 12, 2421, 0, 0, 16, None, -0.35, 32.0, "nonzero"),
+            Spec(512, 300, 320, 8, 12, 512, 0, 0, 32, None, 0.1, None, "all")]
+
+
+@pytest.mark.parametrize("spec", spdnn_specs(), ids=lambda s: s.name)
+def test_spdnn_layer_specs_compile_for_sm90(spec):
+    cubin = nvcc.compile_cubin(render(spec), "sm_90", name=spec.name)
+    assert cubin[:4] == b"\x7fELF"

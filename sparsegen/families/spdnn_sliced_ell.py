@@ -79,7 +79,8 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     spec = Spec(k, m, block, minibatch, stride, capacity, 0, 0, 16 if capacity <= 65536 else 32, None,
                 float(request.option("bias", 0.0)), request.option("cap"), request.option("bias_rule", "nonzero"))
     reason = (f"{m} output neurons in tiles of {block}; minibatch {minibatch} in registers; footprint buffers of "
-              f"up to {capacity} slots ({stride} floats each) in shared memory")
+              f"up to {capacity} slots ({stride} floats each) in shared memory, so slot indices fit "
+              f"{spec.index_bits} bits")
     return spec, reason
 
 
