@@ -193,6 +193,11 @@ def check_alignment(ptr: int, align: int, what: str):
 
 # ---- launching -----------------------------------------------------------------------------
 
+def arg_format(args) -> str:
+    """PyCUDA's prepared-call format for a family's argument list: 32-bit ints, else pointers."""
+    return "".join("i" if a.kind in ("int", "layer") else "P" for a in args)
+
+
 class Launcher:
     """Everything about a kernel's launch that does not change between calls, worked out once:
     the loaded function, grid and block, operand specs, and the plan's device pointers."""
@@ -209,7 +214,7 @@ class Launcher:
         self.func = None
         if not self.empty:
             self.func = load_function(kernel.cubin_key, kernel.cubin, fam.KERNEL, self.shared)
-            self.func.prepare("".join("i" if a.kind == "int" else "P" for a in args))
+            self.func.prepare(arg_format(args))
         device_plan = kernel.device_arrays()
         # Fixed values in place; operand slots hold the operand's name, filled per call.
         self.template = [int(device_plan[a.name]) if a.kind == "plan" else

@@ -234,9 +234,10 @@ class _GpuRun:
         for k in net.kernels:
             geometry = k.family.launch(k.spec, k.plan, self.sms)
             func = runtime.load_function(k.cubin_key, k.cubin, k.family.KERNEL, geometry.shared_bytes)
-            names = [n for n in PLAN_ARRAYS if n in k.plan.arrays]
+            args = k.family.arguments(k.spec)
+            names = [a.name for a in args if a.kind == "plan"]  # in the kernel's parameter order
             # prepared: packing 14 arguments by format string, not by inspection, on every launch
-            func.prepare("P" * (len(names) + 7) + "i")
+            func.prepare(runtime.arg_format(args))
             if weights == "resident":
                 plan = k.device_arrays()
                 self.layers.append((func, geometry, [int(plan[n]) for n in names]))
@@ -370,7 +371,6 @@ class _GpuRun:
         return kept
 
 
-PLAN_ARRAYS = ("map", "map_disp", "buf_disp", "warp_disp", "index", "value")
 ALIGN = 256
 
 

@@ -91,7 +91,8 @@ class Arg:
     """One kernel parameter: where its value comes from.
 
     kind: "plan" (a device copy of plan.arrays[name]), "input" / "output" (a caller operand),
-    "int" (plan.constants[name] as a 32-bit integer).
+    "int" (plan.constants[name] as a 32-bit integer); a driver that launches the kernel itself may
+    add its own kinds ("state" buffers, the "layer" index as a 32-bit integer).
     """
 
     name: str
