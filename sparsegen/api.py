@@ -27,7 +27,7 @@ from .select import Selection, select_request
 
 log = logging.getLogger("sparsegen")
 BACKENDS = ("auto", "gpu", "emulate")
-OPS = ("spmm", "spdnn_layer")
+OPS = ("spmm", "sddmm", "spdnn_layer")
 
 
 @dataclass
@@ -244,8 +244,13 @@ def _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, options) -> Requ
         raise UnsupportedError(f"op {op!r}: expected one of {', '.join(OPS)}")
     if dtype not in DTYPES:
         raise UnsupportedError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
-    if op == "spmm" and (not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1):
+    if op == "spmm" and not _positive_int(n):
         raise ShapeError(f"n (columns of the dense operand) must be a positive integer, got {n!r}")
+    if op == "sddmm":
+        if not _positive_int(k):
+            raise ShapeError(f"k (columns of A and B, the inner dimension) must be a positive integer, got {k!r}")
+        if bias is not None or relu:
+            raise UnsupportedError("sddmm has no epilogue: bias and relu apply to op='spmm'")
     opts = dict(options or {})
     if op == "spdnn_layer":
         if bias is not None and np.ndim(bias) != 0:
@@ -254,8 +259,13 @@ def _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, options) -> Requ
             raise ShapeError(f"bias_rule must be 'nonzero' or 'all', got {bias_rule!r}")
         opts.update(bias=float(bias or 0.0), cap=None if cap is None else float(cap), bias_rule=bias_rule)
         bias = None
-    return Request(op=op, n=int(n) if n is not None else None, k=k, dtype=dtype, arch=arch,
+    return Request(op=op, n=int(n) if n is not None else None, k=int(k) if k is not None else None,
+                   dtype=dtype, arch=arch,
                    bias=bias is not None, relu=bool(relu), options=tuple(sorted(opts.items())))
+
+
+def _positive_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
 
 
 def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = None,  # noqa: A001
@@ -265,6 +275,8 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
     """Compile a kernel specialised for `matrix` (scipy sparse, dense 2-D array, or a file path).
 
     op="spmm" computes Y = A·X (+ bias per row, then ReLU when asked) for X of shape (A.cols, n).
+    op="sddmm" samples A·Bᵀ at the matrix's pattern: the callable takes A (rows, k) and B (cols, k)
+    and returns the nnz values in the matrix's CSR order (the matrix's own values are not used).
     op="spdnn_layer" is one sparse DNN layer, min(max(Y·Aᵀ + bias, 0), cap), with A's rows the
     output neurons; it runs inside `sparsegen.SparseDNN` (`bias` one number, `bias_rule` "nonzero"
     as the Graph Challenge adds it, or "all"). `options` tunes the family (e.g. minibatch).

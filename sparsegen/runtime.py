@@ -198,42 +198,62 @@ def arg_format(args) -> str:
     return "".join("i" if a.kind in ("int", "layer") else "P" for a in args)
 
 
+def steps(fam, spec, plan) -> tuple:
+    """The kernels one call launches, in stream order: the family's `steps(spec, plan)` when it
+    launches several (a hybrid's two parts, a split-K reduction), else its single kernel."""
+    if hasattr(fam, "steps"):
+        return tuple(fam.steps(spec, plan))
+    from .families.base import Step
+
+    return (Step(fam.KERNEL, tuple(fam.arguments(spec)), fam.launch(spec, plan)),)
+
+
+class _Prepared:
+    """One step's launch worked out once: loaded function, geometry, and the argument template
+    (fixed values in place; operand slots hold the operand's name, filled per call)."""
+
+    def __init__(self, kernel, step, device_plan, plan):
+        geometry = step.launch
+        self.name = step.kernel
+        self.grid, self.block, self.shared = geometry.grid, geometry.block, geometry.shared_bytes
+        self.empty = 0 in geometry.grid  # nothing to compute (no rows, or no columns)
+        self.func = None
+        if not self.empty:
+            self.func = load_function(kernel.cubin_key, kernel.cubin, step.kernel, self.shared)
+            self.func.prepare(arg_format(step.args))
+        self.template = [int(device_plan[a.name]) if a.kind == "plan" else
+                         np.int32(plan.constants[a.name]) if a.kind == "int" else a.name for a in step.args]
+        self.slots = [i for i, v in enumerate(self.template) if isinstance(v, str)]
+
+
 class Launcher:
     """Everything about a kernel's launch that does not change between calls, worked out once:
-    the loaded function, grid and block, operand specs, and the plan's device pointers."""
+    the loaded functions, grids and blocks, operand specs, and the plan's device pointers."""
 
     def __init__(self, kernel):
         fam, spec, plan = kernel.family, kernel.spec, kernel.plan
         self.name = spec.name
         self.inputs, self.output = fam.operands(spec, plan)
         self.align = fam.alignment(spec)
-        geometry = fam.launch(spec, plan)
-        self.grid, self.block, self.shared = geometry.grid, geometry.block, geometry.shared_bytes
-        self.empty = 0 in geometry.grid  # nothing to compute (no rows, or no columns)
-        args = fam.arguments(spec)
-        self.func = None
-        if not self.empty:
-            self.func = load_function(kernel.cubin_key, kernel.cubin, fam.KERNEL, self.shared)
-            self.func.prepare(arg_format(args))
         device_plan = kernel.device_arrays()
-        # Fixed values in place; operand slots hold the operand's name, filled per call.
-        self.template = [int(device_plan[a.name]) if a.kind == "plan" else
-                         np.int32(plan.constants[a.name]) if a.kind == "int" else a.name for a in args]
-        self.slots = [i for i, v in enumerate(self.template) if isinstance(v, str)]
+        self.steps = [_Prepared(kernel, step, device_plan, plan) for step in steps(fam, spec, plan)]
+        self.empty = all(s.empty for s in self.steps)
 
     def launch(self, ptrs: dict, stream=None):
-        if self.empty:
-            return
-        values = list(self.template)
-        for i in self.slots:
-            values[i] = ptrs[values[i]]
-        try:
-            if stream is None:
-                self.func.prepared_call(self.grid, self.block, *values, shared_size=self.shared)
-            else:
-                self.func.prepared_async_call(self.grid, self.block, stream, *values, shared_size=self.shared)
-        except Exception as exc:
-            raise LaunchError(f"launch of {self.name} failed: {exc}") from exc
+        for step in self.steps:
+            if step.empty:
+                continue
+            values = list(step.template)
+            for i in step.slots:
+                values[i] = ptrs[values[i]]
+            try:
+                if stream is None:
+                    step.func.prepared_call(step.grid, step.block, *values, shared_size=step.shared)
+                else:
+                    step.func.prepared_async_call(step.grid, step.block, stream, *values,
+                                                  shared_size=step.shared)
+            except Exception as exc:
+                raise LaunchError(f"launch of {self.name} ({step.name}) failed: {exc}") from exc
 
 
 def run(kernel, inputs: tuple, out=None, stream=None):

@@ -118,6 +118,17 @@ class Launch:
     shared_bytes: int = 0
 
 
+@dataclass(frozen=True)
+class Step:
+    """One kernel launch of a call. A family whose call is several launches in stream order
+    (a hybrid's parts, a split-K reduction) defines `steps(spec, plan) -> tuple[Step, ...]`;
+    the others define `KERNEL`, `arguments(spec)` and `launch(spec, plan)`, which make one step."""
+
+    kernel: str  # the extern "C" name
+    args: tuple  # Arg, ...
+    launch: Launch
+
+
 # Streaming multiprocessors of the reference part of each architecture. Selection must not need a
 # GPU (it runs in `sparsegen inspect` and in CI), so the count comes from the target, not a query.
 SM_COUNT = {"sm_70": 80, "sm_75": 40, "sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_90": 132, "sm_90a": 132,

@@ -35,3 +35,13 @@ def spmm(plan: Plan, x: np.ndarray, *, relu: bool = False, out_dtype=None) -> np
     if relu:
         np.maximum(y, 0.0, out=y)
     return y.astype(out_dtype or a["values"].dtype, copy=False)
+
+
+def row_swizzle(indptr: np.ndarray) -> np.ndarray:
+    """Rows ordered by decreasing length (stable, so equal rows keep their order), as int32.
+
+    Sputnik's row swizzle: a block takes consecutive entries of this order, so the rows it holds
+    are about equally long (balance within the block) and the longest rows start first (balance
+    across SMs: the short ones fill in behind them)."""
+    lengths = np.diff(np.asarray(indptr, dtype=np.int64))
+    return np.argsort(-lengths, kind="stable").astype(np.int32)
