@@ -38,9 +38,17 @@ class Selection:
 
 
 def select_request(stats, request: Request, rules=RULES) -> Selection:
-    """Run every rule in order; the first to accept wins, later acceptances become candidates."""
+    """Run every rule in order; the first to accept wins, later acceptances become candidates.
+    `options={"family": name}` in the request restricts the table to that family's rules."""
     tried, accepted = [], []
+    only = request.option("family")
+    if only is not None and only not in {rule.family for rule in rules}:
+        raise UnsupportedError(f"options family={only!r}: no such kernel family "
+                               f"(families: {', '.join(sorted({r.family for r in rules}))})")
     for rule in rules:
+        if only is not None and rule.family != only:
+            tried.append((rule.name, False, f"family {only!r} was requested"))
+            continue
         decision = rule.decide(stats, request)
         tried.append((rule.name, decision.accepted, decision.reason))
         if decision.accepted:

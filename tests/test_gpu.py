@@ -15,8 +15,15 @@ from .helpers import TOL, random_csr, reference, rel_error, rounded
 pytestmark = pytest.mark.gpu
 
 
-def run_check(a, n, dtype="float32", bias=None, relu=False, seed=0, via="numpy"):
-    kernel = sparsegen.compile(a, op="spmm", n=n, dtype=dtype, bias=bias, relu=relu, backend="gpu")
+SPMM_FAMILIES = ["sputnik_spmm", "csr_rowsplit"]
+
+
+def run_check(a, n, dtype="float32", bias=None, relu=False, seed=0, via="numpy", family=None, **options):
+    if family:
+        options["family"] = family
+    kernel = sparsegen.compile(a, op="spmm", n=n, dtype=dtype, bias=bias, relu=relu, backend="gpu",
+                               options=options or None)
+    assert family is None or kernel.spec.family == family
     a = rounded(a, dtype)
     x = np.random.default_rng(seed).standard_normal((a.shape[1], n)).astype(dtype)
     if via == "numpy":
@@ -34,17 +41,18 @@ def run_check(a, n, dtype="float32", bias=None, relu=False, seed=0, via="numpy")
 @settings(max_examples=60, deadline=None)
 @given(m=st.integers(1, 300), k=st.integers(1, 300), density=st.floats(0, 0.5), n=st.integers(1, 300),
        dtype=st.sampled_from(["float32", "float16"]), epilogue=st.sampled_from(["none", "bias", "bias_relu"]),
-       seed=st.integers(0, 10_000))
-def test_random_matrices_match_scipy(m, k, density, n, dtype, epilogue, seed):
+       seed=st.integers(0, 10_000), family=st.sampled_from(SPMM_FAMILIES))
+def test_random_matrices_match_scipy(m, k, density, n, dtype, epilogue, seed, family):
     a = random_csr(m, k, density, seed=seed, empty_rows=0.1)
     bias = np.random.default_rng(seed).standard_normal(m) if epilogue != "none" else None
-    run_check(a, n, dtype, bias, epilogue == "bias_relu", seed)
+    run_check(a, n, dtype, bias, epilogue == "bias_relu", seed, family=family)
 
 
 @pytest.mark.parametrize("case", ["empty_rows", "one_row", "all_empty", "one_long_row", "single_column"])
 @pytest.mark.parametrize("n", [1, 7, 12, 33, 128, 130])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_edge_cases(case, n, dtype):
+@pytest.mark.parametrize("family", SPMM_FAMILIES)
+def test_edge_cases(case, n, dtype, family):
     rng = np.random.default_rng(n)
     if case == "empty_rows":
         a = random_csr(500, 400, 0.05, seed=1, empty_rows=0.5)
@@ -58,15 +66,16 @@ def test_edge_cases(case, n, dtype):
             shape=(1, 5000))]).tocsr().astype(np.float32)
     else:
         a = random_csr(300, 1, 0.5, seed=4)
-    run_check(a, n, dtype)
+    run_check(a, n, dtype, family=family)
 
 
 @pytest.mark.parametrize("n", [1, 8, 64, 256])
-def test_long_rows_and_fused_epilogue(n):
+@pytest.mark.parametrize("family", SPMM_FAMILIES)
+def test_long_rows_and_fused_epilogue(n, family):
     a = random_csr(700, 3000, 0.08, seed=5)  # ~240 nonzeros per row
     bias = np.linspace(-2, 2, 700)
-    kernel = run_check(a, n, "float32", bias, relu=True)
-    if n == 1:
+    kernel = run_check(a, n, "float32", bias, relu=True, family=family)
+    if n == 1 and family == "csr_rowsplit":
         assert kernel.spec.lanes_k == 32
 
 
@@ -79,11 +88,12 @@ def test_official_graph_challenge_layer(examples_dir):
     assert rel_error(y, ref) <= 1e-6
 
 
-def test_every_dlmc_matrix(data_dir):
+@pytest.mark.parametrize("family", SPMM_FAMILIES)
+def test_every_dlmc_matrix(data_dir, family):
     lines = (data_dir / "dlmc" / "index.tsv").read_text().splitlines()[1:]
     for i, line in enumerate(lines):
         a = sparsegen.load(data_dir / "dlmc" / line.split("\t")[0], values="random", seed=i)
-        run_check(a, 128 if i % 2 else 32, "float32" if i % 3 else "float16", seed=i)
+        run_check(a, 128 if i % 2 else 32, "float32" if i % 3 else "float16", seed=i, family=family)
 
 
 def test_gpu_array_in_gpu_array_out_and_out_argument():

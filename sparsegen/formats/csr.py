@@ -45,3 +45,51 @@ def row_swizzle(indptr: np.ndarray) -> np.ndarray:
     across SMs: the short ones fill in behind them)."""
     lengths = np.diff(np.asarray(indptr, dtype=np.int64))
     return np.argsort(-lengths, kind="stable").astype(np.int32)
+
+
+SPUTNIK = "csr_sputnik"
+
+
+def encode_sputnik(csr: sp.csr_matrix, dtype: str, *, index_bits: int = 32, prescale: int = 0, vector: int = 1,
+                   swizzle: bool = False, bias: np.ndarray | None = None) -> Plan:
+    """CSR as the `sputnik_spmm` kernel reads it.
+
+    index_bits: 16 stores column indices as int16 (fp16 kernels, at most 32767 columns: half the
+    index bytes); prescale: when nonzero, indices are stored as column x prescale (the element
+    offset of the X row, saving the kernel a multiply per staged nonzero). vector: the kernel loads
+    the row `vector` entries at a time from a boundary at or before the row start (reverse-offset
+    alignment), so no row is padded; only the arrays' tails are, to a whole vector. swizzle: adds
+    `order`, the rows by decreasing length.
+    """
+    m, k = csr.shape
+    nnz = int(csr.nnz)
+    padded = max(-(-nnz // vector) * vector, vector)
+    cols = np.asarray(csr.indices, dtype=np.int64)
+    if prescale:
+        cols = cols * prescale
+    itype = np.int16 if index_bits == 16 else np.int32
+    if cols.size and cols.max() > np.iinfo(itype).max:
+        raise OverflowError(f"column offsets exceed {index_bits}-bit indices")
+    indices = np.zeros(padded, dtype=itype)
+    indices[:nnz] = cols
+    values = np.zeros(padded, dtype=np.dtype(dtype))
+    values[:nnz] = csr.data
+    arrays = {"indptr": as_index(csr.indptr).copy(), "indices": indices, "values": values}
+    if swizzle:
+        arrays["order"] = row_swizzle(csr.indptr)
+    if bias is not None:
+        arrays["bias"] = np.ascontiguousarray(bias, dtype=np.float32)
+    return Plan(SPUTNIK, arrays, {"m": int(m), "k": int(k), "nnz": nnz, "prescale": int(prescale)})
+
+
+def decode_sputnik(plan: Plan) -> Plan:
+    """The plain `csr` plan a `csr_sputnik` plan stands for (emulation reads it)."""
+    a, c = plan.arrays, plan.constants
+    nnz = c["nnz"]
+    cols = a["indices"][:nnz].astype(np.int64)
+    if c["prescale"]:
+        cols //= c["prescale"]
+    arrays = {"indptr": a["indptr"], "indices": cols.astype(np.int32), "values": a["values"][:nnz]}
+    if "bias" in a:
+        arrays["bias"] = a["bias"]
+    return Plan(NAME, arrays, {"m": c["m"], "k": c["k"], "nnz": nnz})

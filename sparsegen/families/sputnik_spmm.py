@@ -1,0 +1,169 @@
+"""`sputnik_spmm`: Sputnik's CSR SpMM (Gale et al., SC'20), Y = A·X (+ bias, ReLU).
+
+A row group of `width` threads owns one row and a 1-D tile of `width × vec` output columns. It
+stages `chunk` of the row's nonzeros at a time in shared memory (values as fp32, column indices as
+element offsets into X) with vector loads that start at the vector boundary before the row start
+(reverse-offset alignment: nothing is padded), then every thread reads the staged entries by
+broadcast and loads its `vec` columns of X straight to registers, `chunk` independent loads in
+flight. Rows are swizzled (longest first) when their lengths vary. Beyond Sputnik, `ksplit` row
+groups may share one row's chunks and meet in shared memory: DLMC layers have a few hundred long
+rows, too few warps for 132 SMs otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..formats import csr as FORMAT  # noqa: N812 - the family's format module
+from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, next_pow2, sm_count
+
+FAMILY = "sputnik_spmm"
+KERNEL = "sputnik_spmm"
+WARP = 32
+CHUNK = 32  # nonzeros staged per step: Sputnik's kBlockItemsK
+VEC_BYTES = 16  # widest load of X: float4 / 8 halves
+TILE_BYTES = 256  # a row group's output tile, at most: Sputnik's 64 floats (fp16: 128 halves)
+BLOCK_THREADS = 128  # threads per block, unless one row's groups need more
+MAX_KSPLIT = 8
+BATCH_BYTES = 256  # bytes of X a thread has in flight: 16 float4 loads, 64 registers
+WARPS_PER_SM = 32  # warps wanted in flight per SM (of 64): below it, rows are split
+SWIZZLE_COV = 0.1  # row-length CoV above which rows run longest first
+INDEX16_MAX_COLS = 32767  # int16 column indices (fp16 only)
+
+
+@dataclass(frozen=True)
+class Spec(KernelSpec):
+    family: ClassVar[str] = FAMILY
+    dtype: str  # "f32" | "f16": storage of A's values, X and Y; accumulation is fp32
+    n: int  # dense columns
+    vec: int  # elements of X and Y per vector load
+    width: int  # threads of a row group across columns
+    ksplit: int  # row groups sharing one row's nonzeros
+    rows: int  # rows per block
+    chunk: int  # nonzeros staged per step
+    sv: int  # nonzeros per vector load of the sparse row
+    batch: int  # loads of X issued back to back per thread
+    index_bits: int  # 16 | 32
+    prescaled: bool  # the plan's indices are column x n
+    wide: bool  # n x columns needs 64-bit offsets
+    swizzle: bool
+    bias: bool = False
+    relu: bool = False
+
+    @property
+    def name(self) -> str:
+        epi = "".join(f".{e}" for e, on in (("bias", self.bias), ("relu", self.relu)) if on)
+        idx = f"i{self.index_bits}" + ("s" if self.prescaled else "") + ("w" if self.wide else "")
+        return (f"{FAMILY}.{self.dtype}.n{self.n}.v{self.vec}.w{self.width}.ks{self.ksplit}.r{self.rows}"
+                f".c{self.chunk}x{self.sv}.b{self.batch}.{idx}{'.swz' if self.swizzle else ''}{epi}")
+
+    @property
+    def tile_n(self) -> int:
+        return self.width * self.vec
+
+    @property
+    def block(self) -> int:
+        return self.rows * self.ksplit * self.width
+
+
+def widest_vector(n: int, itemsize: int) -> int:
+    vec = VEC_BYTES // itemsize
+    while vec > 1 and n % vec:
+        vec //= 2
+    return vec
+
+
+def warps(m: int, n: int, tile_n: int, width: int, ksplit: int) -> int:
+    return -(-(m * -(-n // tile_n) * ksplit * width) // WARP)
+
+
+def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: int | None = None) -> tuple[Spec, str]:
+    """Vector width and tile from n and the dtype, the row split from how many warps the rows
+    alone give, indices from the column count; `ksplit` and `tile_bytes` override (tuning)."""
+    f16 = request.dtype == "float16"
+    itemsize = 2 if f16 else 4
+    n, (m, k) = request.n, stats.shape
+    mean = stats.row_lengths.mean
+    vec = widest_vector(n, itemsize)
+    width = min(WARP, max(1, (tile_bytes or TILE_BYTES) // (vec * itemsize)), next_pow2(-(-n // vec)))
+    tile_n = width * vec
+    target = WARPS_PER_SM * sm_count(request.arch)
+    if ksplit is None:
+        ksplit = 1
+        # Split a row only while each share keeps two staged chunks of nonzeros.
+        while (ksplit < MAX_KSPLIT and warps(m, n, tile_n, width, ksplit) < target
+               and mean >= 4 * ksplit * CHUNK):
+            ksplit *= 2
+    rows = max(1, BLOCK_THREADS // (width * ksplit))
+    sv = min(4, CHUNK // width)
+    index_bits = 16 if f16 and k <= INDEX16_MAX_COLS else 32
+    wide = k * n >= 2**31
+    prescaled = index_bits == 32 and not wide
+    swizzle = stats.row_lengths.cov > SWIZZLE_COV
+    batch = min(CHUNK, BATCH_BYTES // (vec * itemsize))
+    spec = Spec(request.short_dtype, n, vec, width, ksplit, rows, CHUNK, sv, batch, index_bits, prescaled, wide,
+                swizzle, request.bias, request.relu)
+    tiles = -(-n // tile_n)
+    reason = (f"rows avg {mean:.1f} nnz (CoV {stats.row_lengths.cov:.2f}), n={n}: {vec}-wide loads, "
+              f"{width} thread{'s' if width > 1 else ''} x {tile_n} column{'s' if tile_n > 1 else ''} per row group ({tiles} tile{'s' if tiles > 1 else ''})")
+    if spec.ksplit > 1:
+        reason += (f", {spec.ksplit} groups per row ({m} rows alone give "
+                   f"{warps(m, n, tile_n, width, 1)} warps, under {target} for {sm_count(request.arch)} SMs)")
+    reason += (f"; {CHUNK}-nonzero chunks by {sv}-wide loads; {index_bits}-bit indices"
+               f"{' pre-scaled by n' if prescaled else ''}; "
+               f"{'rows swizzled longest first' if swizzle else 'rows in order'}")
+    return spec, reason
+
+
+def _rule(stats, request: Request):
+    if request.op != "spmm":
+        return decline(f"op {request.op!r} is not spmm")
+    if request.dtype not in ("float32", "float16"):
+        return decline(f"dtype {request.dtype} not in float32/float16")
+    if stats.nnz + 8 >= 2**31 or max(stats.shape) >= 2**31:
+        return decline("matrix needs 64-bit indices")
+    ksplit, tile_bytes = request.option("ksplit"), request.option("tile_bytes")
+    if ksplit is not None and ksplit not in (1, 2, 4, 8, 16):
+        return decline(f"options ksplit={ksplit!r}: expected 1, 2, 4, 8 or 16")
+    if tile_bytes is not None and tile_bytes not in (16, 32, 64, 128, 256, 512):
+        return decline(f"options tile_bytes={tile_bytes!r}: expected a power of two from 16 to 512")
+    return accept(*choose(stats, request, ksplit=ksplit, tile_bytes=tile_bytes))
+
+
+RULES = (Rule("sputnik_spmm", FAMILY, _rule),)
+
+
+def arguments(spec: Spec) -> tuple[Arg, ...]:
+    args = [Arg("indptr", "plan"), Arg("indices", "plan"), Arg("values", "plan")]
+    if spec.swizzle:
+        args.append(Arg("order", "plan"))
+    args.append(Arg("x", "input"))
+    if spec.bias:
+        args.append(Arg("bias", "plan"))
+    return tuple(args) + (Arg("y", "output"), Arg("m", "int"))
+
+
+def encode(csr, spec: Spec, bias=None):
+    return FORMAT.encode_sputnik(csr, "float32" if spec.dtype == "f32" else "float16",
+                                 index_bits=spec.index_bits, prescale=spec.n if spec.prescaled else 0,
+                                 vector=spec.sv, swizzle=spec.swizzle, bias=bias)
+
+
+def operands(spec: Spec, plan) -> tuple[tuple[Operand, ...], Operand]:
+    dtype = "float32" if spec.dtype == "f32" else "float16"
+    m, k = plan.constants["m"], plan.constants["k"]
+    return (Operand("x", (k, spec.n), dtype),), Operand("y", (m, spec.n), dtype)
+
+
+def launch(spec: Spec, plan) -> Launch:
+    m = plan.constants["m"]
+    tiles = -(-spec.n // spec.tile_n)
+    return Launch((-(-m // spec.rows) * tiles, 1, 1), (spec.block, 1, 1), 0)
+
+
+def alignment(spec: Spec) -> int:
+    return spec.vec * (4 if spec.dtype == "f32" else 2)
+
+
+def emulate(spec: Spec, plan, inputs: dict):
+    return FORMAT.spmm(FORMAT.decode_sputnik(plan), inputs["x"], relu=spec.relu)
