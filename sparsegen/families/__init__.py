@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from . import csr_rowsplit, spdnn_sliced_ell
+from . import sputnik_spmm
 
 # Ordered: the first rule that accepts wins; specialised families go before the baseline.
-ORDER = (spdnn_sliced_ell, csr_rowsplit)
+ORDER = (spdnn_sliced_ell, sputnik_spmm, csr_rowsplit)
 FAMILIES = {fam.FAMILY: fam for fam in ORDER}
 RULES = tuple(rule for fam in ORDER for rule in fam.RULES)
 
