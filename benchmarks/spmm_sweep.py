@@ -1,0 +1,90 @@
+"""Sweep SpMM kernel variants (families and their options) on DLMC and random matrices.
+
+    python benchmarks/spmm_sweep.py --data DIR [--dtype float32] [--ns 32,128,256,1024]
+        [--variants 'csr_rowsplit;sputnik_spmm;sputnik_spmm,ksplit=1'] [--every 4] [--out F.json]
+
+Prints one line per (matrix, n): milliseconds of each variant and of cuSPARSE / cuBLAS (torch,
+same process, same buffers, CUDA-event timing of ../shared/BENCHMARKS.md), and writes every
+number to --out. The selection rules' thresholds come from runs of this script.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+import numpy as np
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    family, *opts = text.split(",")
+    return text, {"family": family, **{k: int(v) for k, v in (o.split("=") for o in opts)}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--ns", default="32,128,256,1024")
+    ap.add_argument("--variants", default="csr_rowsplit;sputnik_spmm")
+    ap.add_argument("--every", type=int, default=1, help="every k-th DLMC matrix")
+    ap.add_argument("--random", default="", help="e.g. 4096:0.8,8192:0.9")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+
+    import torch
+
+    import sparsegen
+    from sparsegen.bench.dlmc import dlmc_matrices, random_square, relative_error
+    from sparsegen.bench.timing import time_cuda
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    variants = [parse_variant(v) for v in args.variants.split(";")]
+    npd = np.dtype(args.dtype)
+    mats = [(m.id, m.load) for m in dlmc_matrices(args.data)[::args.every]]
+    for item in filter(None, args.random.split(",")):
+        size, sparsity = item.split(":")
+        mats.append((f"random/{size}/{sparsity}",
+                     lambda s=int(size), p=float(sparsity): random_square(s, p, seed=s)))
+    rows, ratios = [], {name: [] for name, _ in variants}
+    for mid, load in mats:
+        a = load()
+        a.data = np.random.default_rng(0).standard_normal(a.nnz).astype(npd)
+        dev = "cuda"
+        sparse = torch.sparse_csr_tensor(torch.from_numpy(a.indptr.astype(np.int32)).to(dev),
+                                         torch.from_numpy(a.indices.astype(np.int32)).to(dev),
+                                         torch.from_numpy(a.data).to(dev), size=a.shape)
+        dense = sparse.to_dense()
+        for n in map(int, args.ns.split(",")):
+            x = torch.randn((a.shape[1], n), dtype=dense.dtype, device=dev)
+            ref = torch.matmul(dense.double(), x.double()).cpu().numpy()
+            rec = {"id": mid, "n": n, "shape": list(a.shape), "nnz": int(a.nnz), "ms": {}, "spec": {}}
+            rec["ms"]["cusparse"] = time_cuda(lambda: torch.mm(sparse, x))["median_ms"]
+            rec["ms"]["cublas"] = time_cuda(lambda: torch.matmul(dense, x))["median_ms"]
+            for name, options in variants:
+                try:
+                    k = sparsegen.compile(a, n=n, dtype=args.dtype, backend="gpu", options=options)
+                except sparsegen.SparsegenError as exc:
+                    rec["spec"][name] = f"declined: {exc}"[:200]
+                    continue
+                y = torch.empty((a.shape[0], n), dtype=dense.dtype, device=dev)
+                k(x, out=y)
+                err = relative_error(y.double().cpu().numpy(), ref)
+                rec["ms"][name] = time_cuda(lambda: k(x, out=y))["median_ms"]
+                rec["spec"][name] = k.spec.name
+                rec.setdefault("error", {})[name] = err
+                ratios[name].append(rec["ms"]["cusparse"] / rec["ms"][name])
+            rows.append(rec)
+            cells = "  ".join(f"{v}={rec['ms'][v]:.4f}" for v in rec["ms"])
+            print(f"{mid[:60]:60s} n={n:5d} {cells}", flush=True)
+    for name, r in ratios.items():
+        if r:
+            print(f"geomean vs cuSPARSE {name}: {math.exp(np.mean(np.log(r))):.2f}x over {len(r)}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
