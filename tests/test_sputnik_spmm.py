@@ -20,6 +20,7 @@ from .helpers import TOL, random_csr, reference, rel_error, rounded
 
 
 def spec_for(a, n, dtype="float32", **options):
+    options.setdefault("family", "sputnik_spmm")
     return select(analyze(a), op="spmm", n=n, dtype=dtype, options=tuple(sorted(options.items()))).spec
 
 
