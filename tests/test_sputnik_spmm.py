@@ -25,9 +25,9 @@ def spec_for(a, n, dtype="float32", **options):
 
 
 @pytest.mark.parametrize("dtype,n,vec,width", [
-    ("float32", 1, 1, 1), ("float32", 6, 2, 4), ("float32", 32, 4, 8), ("float32", 128, 4, 16),
-    ("float32", 1024, 4, 16), ("float32", 130, 2, 32), ("float32", 33, 1, 32),
-    ("float16", 64, 8, 8), ("float16", 256, 8, 16), ("float16", 12, 4, 4), ("float16", 7, 1, 8)])
+    ("float32", 1, 1, 1), ("float32", 6, 2, 4), ("float32", 32, 4, 8), ("float32", 128, 4, 32),
+    ("float32", 1024, 4, 32), ("float32", 130, 2, 32), ("float32", 33, 1, 32),
+    ("float16", 64, 8, 8), ("float16", 256, 8, 32), ("float16", 12, 4, 4), ("float16", 7, 1, 8)])
 def test_vector_and_tile_follow_n(dtype, n, vec, width):
     spec = spec_for(random_csr(5000, 500, 0.02, seed=1), n, dtype)
     assert spec.family == "sputnik_spmm"
@@ -58,10 +58,20 @@ def test_swizzle_follows_row_length_cov():
     assert spec_for(skewed, 32).swizzle
 
 
+def test_default_selection_keeps_narrow_or_short_rows_on_csr_rowsplit():
+    def chosen(a, n):
+        return select(analyze(a), op="spmm", n=n).spec.family
+
+    long_rows = random_csr(512, 2048, 0.2, seed=12)  # ~410 per row
+    assert chosen(long_rows, 128) == "sputnik_spmm"
+    assert chosen(long_rows, 32) == "csr_rowsplit"
+    assert chosen(random_csr(512, 2048, 0.03, seed=12), 256) == "csr_rowsplit"  # ~61 per row
+
+
 def test_name_reason_and_options():
     a = random_csr(512, 2048, 0.2, seed=7)
     sel = select(analyze(a), op="spmm", n=128)
-    assert sel.spec.name == ("sputnik_spmm.f32.n128.v4.w16.ks4.r2.c32x2.b16.i32s")
+    assert sel.spec.name == ("sputnik_spmm.f32.n128.v4.w32.ks4.r1.c32x1.b16.i32s")
     assert "4 groups per row (512 rows alone give 512 warps" in sel.reason
     assert [c[1].family for c in sel.candidates] == ["csr_rowsplit"]
     forced = select(analyze(a), op="spmm", n=128, options=(("family", "csr_rowsplit"),))

@@ -22,12 +22,16 @@ KERNEL = "sputnik_spmm"
 WARP = 32
 CHUNK = 32  # nonzeros staged per step: Sputnik's kBlockItemsK
 VEC_BYTES = 16  # widest load of X: float4 / 8 halves
-TILE_BYTES = 256  # a row group's output tile, at most: Sputnik's 64 floats (fp16: 128 halves)
+TILE_BYTES = 512  # a row group's output tile, at most: 128 floats (Sputnik's 64 measured 1.37x slower here)
 BLOCK_THREADS = 128  # threads per block, unless one row's groups need more
 MAX_KSPLIT = 8
 BATCH_BYTES = 256  # bytes of X a thread has in flight: 16 float4 loads, 64 registers
 WARPS_PER_SM = 32  # warps wanted in flight per SM (of 64): below it, rows are split
 SWIZZLE_COV = 0.1  # row-length CoV above which rows run longest first
+# Where this kernel beats csr_rowsplit on the H100 (benchmarks/results/h100-80gb-hbm3/spmm_sweep_f32.json):
+# wide outputs with long rows. Narrow n or short rows give too few warps per staged chunk.
+MIN_N = 128
+MIN_MEAN_ROW = 128
 INDEX16_MAX_COLS = 32767  # int16 column indices (fp16 only)
 
 
@@ -122,6 +126,10 @@ def _rule(stats, request: Request):
         return decline(f"dtype {request.dtype} not in float32/float16")
     if stats.nnz + 8 >= 2**31 or max(stats.shape) >= 2**31:
         return decline("matrix needs 64-bit indices")
+    mean = stats.row_lengths.mean
+    if request.option("family") != FAMILY and (request.n < MIN_N or mean < MIN_MEAN_ROW):
+        return decline(f"n={request.n}, rows avg {mean:.1f} nnz: below n >= {MIN_N} with rows >= {MIN_MEAN_ROW}, "
+                       f"where it was measured faster than csr_rowsplit")
     ksplit, tile_bytes = request.option("ksplit"), request.option("tile_bytes")
     if ksplit is not None and ksplit not in (1, 2, 4, 8, 16):
         return decline(f"options ksplit={ksplit!r}: expected 1, 2, 4, 8 or 16")
