@@ -62,6 +62,7 @@ class Kernel:
         self.structure_hash = structure
         self.stats = stats
         self.timings = timings or Timings()
+        self.tuning = ()  # tune=True: the Trial of every family timed
         self._cubin = cubin
         self._cubin_key = cubin_key
         self._device_arrays = None
@@ -115,7 +116,8 @@ class Kernel:
         return runtime.run(self, operands, out=out, stream=stream)
 
     def _emulate(self, operands, out):
-        expected, expected_out = self.family.operands(self.spec, self.plan)
+        # a family whose host operands differ (bf16 travels as float32 in NumPy) says so
+        expected, expected_out = getattr(self.family, "emulate_operands", self.family.operands)(self.spec, self.plan)
         if len(operands) != len(expected):
             raise ShapeError(f"{self.spec.family} takes {len(expected)} operand(s), got {len(operands)}")
         inputs = {}
@@ -271,7 +273,7 @@ def _positive_int(v) -> bool:
 def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = None,  # noqa: A001
             dtype: str = "float32", bias=None, relu: bool = False, cap: float | None = None,
             bias_rule: str = "nonzero", options: dict | None = None, arch: str | None = None,
-            backend: str = "auto", reproduce: str = "", **load_options) -> Kernel:
+            backend: str = "auto", tune: bool = False, reproduce: str = "", **load_options) -> Kernel:
     """Compile a kernel specialised for `matrix` (scipy sparse, dense 2-D array, or a file path).
 
     op="spmm" computes Y = A·X (+ bias per row, then ReLU when asked) for X of shape (A.cols, n).
@@ -282,6 +284,9 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
     as the Graph Challenge adds it, or "all"). `options` tunes the family (e.g. minibatch).
     backend: "gpu", "emulate" (NumPy, exactly as the kernel reads the plan) or "auto" (GPU when
     there is one). Plans and cubins are cached (see README: Cache).
+    tune=True (GPU only): compile every family that accepts the request, time each once on the GPU
+    with random operands, and return the fastest; the winner is cached by structure and request,
+    so later calls with tune=True compile only it. `kernel.tuning` lists the times.
     """
     t0 = time.perf_counter()
     timings = Timings()
@@ -294,6 +299,13 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
     backend = _resolve_backend(backend)
     arch = _resolve_arch(arch, backend)
     request = _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, options)
+    if tune:
+        from .tune import tuned
+
+        return tuned(csr, request, backend,
+                     lambda opts: compile(csr, op, n=n, k=k, dtype=dtype, bias=bias, relu=relu, cap=cap,
+                                          bias_rule=bias_rule, options=opts, arch=arch, backend=backend,
+                                          reproduce=reproduce))
     bias_vec = _bias_vector(bias, csr.shape[0]) if op == "spmm" else None
     cache = Cache()
 

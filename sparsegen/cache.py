@@ -25,7 +25,7 @@ log = logging.getLogger("sparsegen.cache")
 
 MAGIC = b"SGC1"
 _HEAD = struct.Struct("<4sQI")  # magic, payload length, crc32
-KINDS = {"cubin": ".cubin", "plan": ".plan"}
+KINDS = {"cubin": ".cubin", "plan": ".plan", "tune": ".json"}
 ENV_DIR = "SPARSEGEN_CACHE_DIR"
 ENV_DISABLE = "SPARSEGEN_DISABLE_CACHE"
 

@@ -1,0 +1,95 @@
+"""Measured selection (`compile(..., tune=True)`): time every family that accepts, keep the fastest.
+
+The rule table predicts; tuning measures. Each family that accepts the request (forced through
+`options={"family": name}`) is compiled and timed once on the GPU with random operands; the
+winner's name is cached under the matrix structure and the request, so a later `tune=True`
+compile of the same structure goes straight to it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import __version__
+from .analyze import structure_hash
+from .cache import Cache, key
+from .errors import UnsupportedError
+
+log = logging.getLogger("sparsegen")
+RUNS = 20
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One candidate's measurement: family, spec name and mean milliseconds per launch."""
+
+    family: str
+    spec: str
+    ms: float
+
+
+def tune_key(csr, request) -> str:
+    from .api import generator_fingerprint
+
+    fields = sorted((k, v) for k, v in vars(request).items() if k != "options")
+    options = sorted((k, v) for k, v in request.options if k != "family")
+    return key("tune", __version__, generator_fingerprint(), structure_hash(csr), repr(fields), repr(options))
+
+
+def tuned(csr, request, backend: str, compile_with):
+    """The fastest accepting family's kernel; `compile_with(options)` compiles one candidate."""
+    base = {k: v for k, v in request.options if k != "family"}
+    if backend != "gpu":
+        warnings.warn("tune=True measures on the GPU; with the emulator the rule table's choice is used",
+                      RuntimeWarning, stacklevel=3)
+        return compile_with(dict(request.options) or None)
+    cache = Cache()
+    k = tune_key(csr, request)
+    hit = cache.get("tune", k)
+    if hit is not None:
+        record = json.loads(bytes(hit))
+        kernel = compile_with({**base, "family": record["family"]})
+        kernel.tuning = tuple(Trial(**t) for t in record["trials"])
+        return kernel
+    trials, kernels = [], {}
+    for family in candidate_families(request):
+        try:
+            kern = compile_with({**base, "family": family})
+        except UnsupportedError:
+            continue
+        kernels[family] = kern
+        trials.append(Trial(family, kern.spec.name, time_kernel(kern)))
+    if not trials:
+        raise UnsupportedError(f"tune=True: no kernel family accepts op={request.op} dtype={request.dtype}")
+    best = min(trials, key=lambda t: t.ms)
+    log.info("tune: %s", ", ".join(f"{t.family} {t.ms:.4f} ms" for t in trials))
+    cache.put("tune", k, json.dumps({"family": best.family, "trials": [vars(t) for t in trials]}).encode())
+    kernel = kernels[best.family]
+    kernel.tuning = tuple(trials)
+    return kernel
+
+
+def candidate_families(request) -> list[str]:
+    from .families import ORDER
+
+    only = request.option("family")
+    # Families run by a driver of their own (DRIVER) cannot be timed as a single call.
+    return [fam.FAMILY for fam in ORDER
+            if (only is None or fam.FAMILY == only) and not getattr(fam, "DRIVER", None)]
+
+
+def time_kernel(kernel, runs: int = RUNS) -> float:
+    """Mean GPU milliseconds of one launch on random operands of the kernel's shapes."""
+    from . import runtime
+
+    inputs, output = kernel.family.operands(kernel.spec, kernel.plan)
+    rng = np.random.default_rng(0)
+    args = [runtime.to_gpu(rng.standard_normal(op.shape).astype(op.dtype)) for op in inputs]
+    import pycuda.gpuarray as gpuarray
+
+    out = gpuarray.empty(output.shape, dtype=output.dtype)
+    return runtime.time_ms(lambda: kernel(*args, out=out), runs=runs)

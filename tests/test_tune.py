@@ -1,0 +1,52 @@
+"""`compile(..., tune=True)`: measured choice among the accepting families, cached by structure."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import sparsegen
+from sparsegen import tune
+from sparsegen.cache import Cache
+
+from .helpers import random_csr, reference, rel_error
+
+
+def test_emulator_falls_back_to_the_rule_table_with_a_warning():
+    a = random_csr(50, 60, 0.1, seed=1)
+    with pytest.warns(RuntimeWarning, match="tune=True measures on the GPU"):
+        k = sparsegen.compile(a, n=8, backend="emulate", tune=True)
+    assert k.spec == sparsegen.compile(a, n=8, backend="emulate").spec
+    assert k.tuning == ()
+
+
+def test_candidates_are_every_callable_family_or_the_requested_one():
+    req = sparsegen.api._request("spmm", 8, None, "float32", "sm_90", None, False, None, "nonzero", None)
+    names = tune.candidate_families(req)
+    assert "csr_rowsplit" in names and "sputnik_spmm" in names and "spdnn_sliced_ell" not in names
+    forced = sparsegen.api._request("spmm", 8, None, "float32", "sm_90", None, False, None, "nonzero",
+                                    {"family": "csr_rowsplit"})
+    assert tune.candidate_families(forced) == ["csr_rowsplit"]
+
+
+def test_tune_key_ignores_values_and_the_family_option_but_not_n():
+    a = random_csr(50, 60, 0.1, seed=2)
+    b = a.copy()
+    b.data = b.data * 3
+    req = sparsegen.api._request("spmm", 8, None, "float32", "sm_90", None, False, None, "nonzero", None)
+    req16 = sparsegen.api._request("spmm", 16, None, "float32", "sm_90", None, False, None, "nonzero", None)
+    assert tune.tune_key(a, req) == tune.tune_key(b, req)
+    assert tune.tune_key(a, req) != tune.tune_key(a, req16)
+
+
+@pytest.mark.gpu
+def test_tune_times_every_family_keeps_the_fastest_and_caches_it():
+    a = random_csr(3000, 2048, 0.1, seed=3)
+    k = sparsegen.compile(a, n=128, backend="gpu", tune=True)
+    assert len(k.tuning) >= 2
+    best = min(k.tuning, key=lambda t: t.ms)
+    assert k.spec.family == best.family and k.spec.name == best.spec
+    again = sparsegen.compile(a, n=128, backend="gpu", tune=True)
+    assert again.tuning == k.tuning  # read from the cache, not re-measured
+    assert Cache().get("tune", tune.tune_key(a, k.request)) is not None
+    x = np.random.default_rng(0).standard_normal((2048, 128)).astype(np.float32)
+    assert rel_error(again(x), reference(a, x)) <= 1e-5
