@@ -1,0 +1,158 @@
+"""`ell_coo_spmm`: ELL head + COO tail SpMM (Kashid et al.), Y = A·X (+ bias, ReLU).
+
+For matrices whose row lengths vary widely (magnitude-pruned MiniLM rows hold 4 to 874
+nonzeros), where one long row would keep its block, and the end of the grid, waiting. Three
+launches in stream order, one generated source:
+
+1. `ell_coo_spmm_ell`: a group of `lanes` threads per row, each thread `vec` columns of a
+   `lanes × vec` column tile, walks the row's first min(len, W) ELL slots and writes every row of
+   Y (bias included; ReLU too for rows that have no tail). W is the median row length, so no row
+   takes more than W steps.
+2. `ell_coo_spmm_tail`: one group per COO chunk (at most `chunk` entries of one row) sums the
+   chunk in fp32 and adds it to its row of Y with one atomic per column.
+3. `ell_coo_spmm_relu` (ReLU only, when a row has a tail): ReLU of the rows the tail touched.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..formats import ell_coo as FORMAT  # noqa: N812 - the family's format module
+from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, Step, accept, decline, next_pow2
+from .csr_rowsplit import widest_vector
+
+FAMILY = "ell_coo_spmm"
+KERNEL = "ell_coo_spmm_ell"  # the first step (tools that print one kernel name show this one)
+TAIL_KERNEL = "ell_coo_spmm_tail"
+RELU_KERNEL = "ell_coo_spmm_relu"
+WARP = 32
+BLOCK = 128  # threads per block in every step
+# Row-length CoV (std / mean) from which the hybrid is chosen. A starting point, not a measurement:
+# at CoV 1 the longest rows are typically several times the median, so a one-pass row-per-group
+# kernel spends most of its tail waiting on them. The lead re-tunes it from GPU timings.
+COV_MIN = 1.0
+FULL_UNROLL_MAX = 16  # ELL widths up to this unroll completely (every slot's loads issued at once)
+UNROLL = 4  # otherwise the ELL and chunk loops unroll by this much
+
+
+@dataclass(frozen=True)
+class Spec(KernelSpec):
+    family: ClassVar[str] = FAMILY
+    dtype: str  # "f32" | "f16": storage of A's values, X and Y; accumulation is always fp32
+    n: int  # dense columns
+    vec: int  # elements of X and Y per vector load
+    lanes: int  # threads of a row (or chunk) group across output columns
+    width: int  # ELL width W: slots per row in the ELL pass
+    chunk: int  # COO entries per chunk, at most
+    unroll: int  # ELL slots per unrolled step; == width: fully unrolled
+    block: int = BLOCK
+    bias: bool = False
+    relu: bool = False
+
+    @property
+    def name(self) -> str:
+        epi = "".join(f".{e}" for e, on in (("bias", self.bias), ("relu", self.relu)) if on)
+        return (f"{FAMILY}.{self.dtype}.n{self.n}.v{self.vec}.c{self.lanes}.w{self.width}.ch{self.chunk}"
+                f".u{self.unroll}.b{self.block}{epi}")
+
+    @property
+    def tile_n(self) -> int:
+        return self.lanes * self.vec
+
+    @property
+    def groups_per_block(self) -> int:
+        return self.block // self.lanes
+
+    @property
+    def itemsize(self) -> int:
+        return 4 if self.dtype == "f32" else 2
+
+
+def make_spec(dtype: str, n: int, width: int, *, bias: bool = False, relu: bool = False) -> Spec:
+    """The spec for a storage dtype ("float32" / "float16"), n and ELL width: vector width and
+    lanes from n (as csr_rowsplit: the widest vector dividing n, lanes to cover n up to a warp)."""
+    itemsize = 4 if dtype == "float32" else 2
+    vec = widest_vector(n, itemsize)
+    lanes = min(WARP, next_pow2(-(-n // vec)))
+    unroll = width if width <= FULL_UNROLL_MAX else UNROLL
+    short = "f32" if dtype == "float32" else "f16"
+    return Spec(short, n, vec, lanes, width, FORMAT.chunk_size(width), unroll, BLOCK, bias, relu)
+
+
+def _rule(stats, request: Request):
+    if request.op != "spmm":
+        return decline(f"op {request.op!r} is not spmm")
+    if request.dtype not in ("float32", "float16"):
+        return decline(f"dtype {request.dtype} not in float32/float16")
+    if stats.nnz >= 2**31 or max(stats.shape) >= 2**31:
+        return decline("matrix needs 64-bit indices")
+    rl = stats.row_lengths
+    if rl.cov < COV_MIN:
+        return decline(f"row-length CoV {rl.cov:.2f} < {COV_MIN}: rows {rl.min}..{rl.max} nnz are even enough "
+                       f"for one pass")
+    p50 = stats.row_length_percentiles["p50"]
+    width = FORMAT.width_from_median(p50)
+    if rl.max <= width:
+        return decline(f"row-length CoV {rl.cov:.2f} but no tail: the longest row ({rl.max} nnz) fits the "
+                       f"ELL width {width} (median row)")
+    if width * FORMAT.ell_stride(stats.shape[0]) >= 2**31:
+        return decline(f"ELL block of {width} x {stats.shape[0]} slots needs 64-bit offsets")
+    spec = make_spec(request.dtype, request.n, width, bias=request.bias, relu=request.relu)
+    loop = "fully unrolled" if spec.unroll == width else f"unrolled by {spec.unroll}"
+    reason = (f"row-length CoV {rl.cov:.2f} >= {COV_MIN} (rows {rl.min}..{rl.max} nnz, median {p50:g}): "
+              f"ELL width {width} = median row, at least {FORMAT.MIN_WIDTH} (fewest padded slots + tail "
+              f"entries; at least half the rows fit whole, {loop}); rows over {width} spill to COO chunks of "
+              f"<= {spec.chunk}; "
+              f"n={spec.n}: {spec.vec}-wide loads, {spec.lanes} lanes per row")
+    return accept(spec, reason)
+
+
+RULES = (Rule("ell_coo_spmm", FAMILY, _rule),)
+
+TAIL_ARGUMENTS = (Arg("chunk_row", "plan"), Arg("chunk_ptr", "plan"), Arg("tail_cols", "plan"),
+                  Arg("tail_vals", "plan"), Arg("x", "input"), Arg("y", "output"), Arg("chunks", "int"))
+RELU_ARGUMENTS = (Arg("tail_rows", "plan"), Arg("y", "output"), Arg("tail_count", "int"))
+
+
+def arguments(spec: Spec) -> tuple[Arg, ...]:
+    """The ELL kernel's parameters (the first step)."""
+    args = [Arg("ell_cols", "plan"), Arg("ell_vals", "plan"), Arg("row_len", "plan"), Arg("x", "input")]
+    if spec.bias:
+        args.append(Arg("bias", "plan"))
+    return tuple(args) + (Arg("y", "output"), Arg("m", "int"), Arg("stride", "int"))
+
+
+def _grid(spec: Spec, items: int) -> tuple:
+    """Groups of `lanes` threads, one per item (row, chunk, tail row), across the column tiles."""
+    return (-(-items // spec.groups_per_block), -(-spec.n // spec.tile_n), 1)
+
+
+def steps(spec: Spec, plan) -> tuple[Step, ...]:
+    """ELL pass over every row; COO pass when there is a tail; ReLU of the tail rows when asked."""
+    c = plan.constants
+    block = (spec.block, 1, 1)
+    out = [Step(KERNEL, arguments(spec), Launch(_grid(spec, c["m"]), block))]
+    if c["chunks"]:
+        out.append(Step(TAIL_KERNEL, TAIL_ARGUMENTS, Launch(_grid(spec, c["chunks"]), block)))
+    if spec.relu and c["tail_count"]:
+        out.append(Step(RELU_KERNEL, RELU_ARGUMENTS, Launch(_grid(spec, c["tail_count"]), block)))
+    return tuple(out)
+
+
+def encode(csr, spec: Spec, bias=None):
+    return FORMAT.encode(csr, "float32" if spec.dtype == "f32" else "float16", spec.width, spec.chunk, bias)
+
+
+def operands(spec: Spec, plan) -> tuple[tuple[Operand, ...], Operand]:
+    dtype = "float32" if spec.dtype == "f32" else "float16"
+    m, k = plan.constants["m"], plan.constants["k"]
+    return (Operand("x", (k, spec.n), dtype),), Operand("y", (m, spec.n), dtype)
+
+
+def alignment(spec: Spec) -> int:
+    """Bytes every X and Y pointer must be aligned to (vector loads, vector atomics)."""
+    return spec.vec * spec.itemsize
+
+
+def emulate(spec: Spec, plan, inputs: dict):
+    return FORMAT.spmm(plan, inputs["x"], relu=spec.relu)
