@@ -3,9 +3,11 @@ from __future__ import annotations
 
 from . import csr_rowsplit, spdnn_sliced_ell
 from . import sputnik_spmm
+from . import sputnik_sddmm
+from . import ell_coo_spmm
 
 # Ordered: the first rule that accepts wins; specialised families go before the baseline.
-ORDER = (spdnn_sliced_ell, sputnik_spmm, csr_rowsplit)
+ORDER = (spdnn_sliced_ell, ell_coo_spmm, sputnik_spmm, sputnik_sddmm, csr_rowsplit)
 FAMILIES = {fam.FAMILY: fam for fam in ORDER}
 RULES = tuple(rule for fam in ORDER for rule in fam.RULES)
 
