@@ -145,6 +145,7 @@ def _check_gpu(x, expect, role: str) -> int:
     """Validate a GPU operand against `expect` (an Operand); return its device pointer."""
     cai = x.__cuda_array_interface__
     shape, dtype = tuple(cai["shape"]), _cai_dtype(cai)
+    _numpy_dtype(expect, role)
     if shape != tuple(expect.shape):
         raise ShapeError(f"{role} {expect.name}: expected shape {tuple(expect.shape)}, got {shape}")
     if dtype != np.dtype(expect.dtype):
@@ -175,7 +176,8 @@ def _empty_like_framework(x, shape, dtype):
     if module == "torch":
         import torch
 
-        return torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name), device=x.device)
+        name = dtype if isinstance(dtype, str) else np.dtype(dtype).name  # "bfloat16" has no NumPy dtype
+        return torch.empty(shape, dtype=getattr(torch, name), device=x.device)
     if module == "cupy":
         import cupy
 
@@ -208,6 +210,21 @@ def steps(fam, spec, plan) -> tuple:
     return (Step(fam.KERNEL, tuple(fam.arguments(spec)), fam.launch(spec, plan)),)
 
 
+def scratch_buffers(all_steps, plan) -> dict:
+    """Device buffers for the steps' "scratch" arguments (split-K workspaces and counters), sized by
+    plan.constants[name + "_bytes"] and zeroed once; the kernels that use them leave them zeroed."""
+    out = {}
+    for step in all_steps:
+        for a in step.args:
+            if a.kind == "scratch" and a.name not in out:
+                ensure_context()  # the first launch may come with torch operands, before any upload
+                drv = _driver()
+                size = max(int(plan.constants[f"{a.name}_bytes"]), 1)
+                out[a.name] = drv.mem_alloc(size)
+                drv.memset_d8(out[a.name], 0, size)
+    return out
+
+
 class _Prepared:
     """One step's launch worked out once: loaded function, geometry, and the argument template
     (fixed values in place; operand slots hold the operand's name, filled per call)."""
@@ -221,7 +238,7 @@ class _Prepared:
         if not self.empty:
             self.func = load_function(kernel.cubin_key, kernel.cubin, step.kernel, self.shared)
             self.func.prepare(arg_format(step.args))
-        self.template = [int(device_plan[a.name]) if a.kind == "plan" else
+        self.template = [int(device_plan[a.name]) if a.kind in ("plan", "scratch") else
                          np.int32(plan.constants[a.name]) if a.kind == "int" else a.name for a in step.args]
         self.slots = [i for i, v in enumerate(self.template) if isinstance(v, str)]
 
@@ -235,8 +252,10 @@ class Launcher:
         self.name = spec.name
         self.inputs, self.output = fam.operands(spec, plan)
         self.align = fam.alignment(spec)
-        device_plan = kernel.device_arrays()
-        self.steps = [_Prepared(kernel, step, device_plan, plan) for step in steps(fam, spec, plan)]
+        all_steps = steps(fam, spec, plan)
+        self.scratch = scratch_buffers(all_steps, plan)
+        device_plan = {**kernel.device_arrays(), **self.scratch}
+        self.steps = [_Prepared(kernel, step, device_plan, plan) for step in all_steps]
         self.empty = all(s.empty for s in self.steps)
 
     def launch(self, ptrs: dict, stream=None):
@@ -332,7 +351,15 @@ def _run_host(launcher, inputs, out, stream):
     return result
 
 
+def _numpy_dtype(exp, role) -> np.dtype:
+    try:
+        return np.dtype(exp.dtype)
+    except TypeError:
+        raise ShapeError(f"{role} {exp.name}: {exp.dtype} has no NumPy dtype; pass torch tensors on the GPU") from None
+
+
 def _check_host(x, exp, role):
+    _numpy_dtype(exp, role)
     if x.shape != tuple(exp.shape):
         raise ShapeError(f"{role} {exp.name}: expected shape {tuple(exp.shape)}, got {x.shape}")
     if x.dtype != np.dtype(exp.dtype):

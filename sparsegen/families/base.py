@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable, ClassVar
 
-DTYPES = {"float32": "f32", "float16": "f16"}
+DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,145 @@
+"""GPU tier for the tensor-core tile families (tiled_csl_spmm, tiled_bitmap_spmm) against scipy:
+random shapes, OPT-like shapes at 50-90 % sparsity, empty and dense tiles, residues, N = 1, every
+split-K reduction, fp32 output, bf16 through torch tensors, fused bias and ReLU."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sparsegen
+
+from .helpers import random_csr, reference, rel_error
+from .tiled_helpers import TOL, host_x, rounded_half
+
+pytestmark = pytest.mark.gpu
+FAMILIES = ["tiled_csl_spmm", "tiled_bitmap_spmm"]
+
+
+def torch_cuda():
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("torch not installed: bf16 operands travel as torch tensors")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    return torch
+
+
+def run_check(a, n, family, dtype="float16", bias=None, relu=False, seed=0, calls=1, **options):
+    """Compile for the GPU, run (NumPy for fp16, torch tensors for bf16), compare with float64 scipy."""
+    kernel = sparsegen.compile(a, n=n, dtype=dtype, bias=bias, relu=relu, backend="gpu",
+                               options={"family": family, **options})
+    x = host_x(np.random.default_rng(seed), a.shape[1], n, dtype)
+    ref = reference(rounded_half(a, dtype), x.astype(np.float32), bias, relu)
+    for _ in range(calls):  # split-K workspaces must be left clean for the next call
+        if dtype == "bfloat16":
+            torch = torch_cuda()
+            y = kernel(torch.from_numpy(x).cuda().to(torch.bfloat16))
+            assert y.dtype == (torch.float32 if options.get("out") == "float32" else torch.bfloat16)
+            y = y.float().cpu().numpy()
+        else:
+            y = kernel(x)
+        assert y.shape == (a.shape[0], n)
+        err = rel_error(y, ref)
+        assert err <= TOL[dtype], (kernel.spec.name, err)
+    return kernel
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 400), k=st.integers(1, 400), density=st.floats(0.05, 1), n=st.integers(1, 80),
+       family=st.sampled_from(FAMILIES), epilogue=st.sampled_from(["none", "bias", "bias_relu"]),
+       seed=st.integers(0, 10_000))
+def test_random_shapes_match_scipy(m, k, density, n, family, epilogue, seed):
+    a = random_csr(m, k, density, seed=seed, empty_rows=0.1)
+    bias = np.random.default_rng(seed).standard_normal(m) if epilogue != "none" else None
+    run_check(a, n, family, bias=bias, relu=epilogue == "bias_relu", seed=seed)
+
+
+def fast_random(m, k, density, seed):
+    """A large uniform random pattern without scipy.sparse.random's cost (row blocks of a mask)."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for r0 in range(0, m, 1024):
+        rows = min(1024, m - r0)
+        mask = rng.random((rows, k), dtype=np.float32) < density
+        vals = np.where(mask, rng.standard_normal((rows, k), dtype=np.float32), 0)
+        parts.append(sp.csr_matrix(vals))
+    a = sp.vstack(parts).tocsr()
+    a.sort_indices()
+    return a
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("shape,sparsity,n", [((7168, 7168), 0.5, 16), ((4096, 14336), 0.9, 64),
+                                              ((9216, 4608), 0.7, 8)])
+def test_opt_like_shapes(family, shape, sparsity, n):
+    a = fast_random(*shape, 1 - sparsity, seed=1)
+    kernel = run_check(a, n, family)
+    assert kernel.spec.split_k >= 1
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("n", [1, 7, 8, 33, 64, 256])
+def test_empty_and_dense_tiles_with_residues(family, n):
+    dense = np.random.default_rng(2).standard_normal((128, 64))
+    blocks = sp.block_diag([dense, np.zeros((128, 64)), random_csr(100, 50, 0.3, seed=3).toarray(), dense])
+    a = sp.csr_matrix(blocks)  # tiles fully dense, empty, sparse, and rows/columns past the grid
+    a.eliminate_zeros()
+    run_check(a, n, family, bias=np.linspace(-1, 1, a.shape[0]), relu=True)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("reduction", ["atomic", "two_step"])
+@pytest.mark.parametrize("n", [1, 12, 64])
+def test_split_k_reductions_and_repeat_calls(family, reduction, n):
+    a = random_csr(300, 2000, 0.3, seed=4)
+    kernel = run_check(a, n, family, bias=np.ones(300), calls=3, split_k=5, reduction=reduction)
+    assert kernel.spec.split_k == 5 and kernel.spec.reduction == reduction
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("tile_m", [64, 128, 256])
+def test_tile_heights(family, tile_m):
+    run_check(random_csr(700, 900, 0.4, seed=5), 24, family, tile_m=tile_m)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fp32_output(family):
+    a = random_csr(500, 700, 0.3, seed=6)
+    kernel = run_check(a, 16, family, out="float32", split_k=2, reduction="two_step")
+    assert kernel.spec.out == "f32"
+
+
+def test_strict_banks_encoding():
+    run_check(random_csr(512, 640, 0.2, seed=7), 32, "tiled_csl_spmm", strict_banks=True)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("n", [1, 16, 40])
+def test_bf16_through_torch(family, n):
+    run_check(random_csr(600, 800, 0.3, seed=8), n, family, dtype="bfloat16", bias=np.ones(600))
+    run_check(random_csr(300, 500, 0.5, seed=9), n, family, dtype="bfloat16", split_k=3, reduction="atomic",
+              out="float32")
+
+
+def test_torch_fp16_zero_copy_and_out_argument():
+    torch = torch_cuda()
+    a = random_csr(400, 300, 0.3, seed=10)
+    kernel = sparsegen.compile(a, n=16, dtype="float16", backend="gpu", options={"family": "tiled_bitmap_spmm"})
+    x = torch.randn(300, 16, device="cuda", dtype=torch.float16)
+    out = torch.empty(400, 16, device="cuda", dtype=torch.float16)
+    assert kernel(x, out=out) is out
+    ref = reference(rounded_half(a, "float16"), x.float().cpu().numpy())
+    assert rel_error(out.float().cpu().numpy(), ref) <= TOL["float16"]
+
+
+def test_tuned_kernel_on_a_pruned_weight():
+    """tune=True times the tiled families beside the CSR kernels and keeps the fastest."""
+    a = fast_random(3072, 8192, 0.3, seed=11)
+    kernel = sparsegen.compile(a, n=32, dtype="float16", backend="gpu", tune=True)
+    assert {t.family for t in kernel.tuning} >= set(FAMILIES)
+    x = host_x(np.random.default_rng(0), 8192, 32, "float16")
+    assert rel_error(kernel(x), reference(rounded_half(a, "float16"), x.astype(np.float32))) <= TOL["float16"]

@@ -1,0 +1,320 @@
+"""Tiled-CSL: encoder invariants, the bank-ordered scatter, the kernel's ldmatrix view, the emulator
+against scipy, bf16, the selection rule, split-K steps, and (nvcc tier) every code shape compiles."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sparsegen
+from sparsegen import nvcc
+from sparsegen.analyze import analyze
+from sparsegen.errors import ShapeError, UnsupportedError
+from sparsegen.families import tiled_csl_spmm as fam
+from sparsegen.formats import halfbits
+from sparsegen.formats import tiled_csl as fmt
+from .tiled_helpers import select_tiled as select
+
+from .helpers import random_csr, reference, rel_error
+from .tiled_helpers import TOL, a_fragment_positions, host_x, ldmatrix, rounded_half
+
+
+def dense_of(plan):
+    return fmt.decode(plan).toarray()
+
+
+# ---- bf16 bit patterns -----------------------------------------------------------------------
+
+def test_bf16_rounding_is_nearest_even_and_keeps_specials():
+    v = np.array([1.0, -2.0, 1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-7, np.inf, -np.inf, 0.0, -0.0], np.float32)
+    bits = halfbits.round_bf16_bits(v)
+    assert list(bits) == [0x3F80, 0xC000, 0x3F80, 0x3F82, 0x3F81, 0x7F80, 0xFF80, 0x0000, 0x8000]
+    nan = halfbits.round_bf16_bits(np.array([np.nan], np.float32))
+    assert np.isnan(halfbits.bf16_bits_to_float32(nan))[0]
+    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    r = halfbits.round_bf16(x)
+    assert np.all(np.abs(r - x) <= np.abs(x) * 2**-8)
+    assert np.array_equal(halfbits.round_bf16(r), r)
+
+
+def test_fp16_bits_round_trip():
+    x = np.array([0.5, -3.25, 65504.0, 6e-8], np.float32)
+    assert np.array_equal(halfbits.from_bits(halfbits.to_bits(x, "float16"), "float16"), x.astype(np.float16).astype(np.float32))
+
+
+# ---- swizzle and positions -------------------------------------------------------------------
+
+def test_swizzled_positions_are_a_bijection_and_ldmatrix_reads_8_bank_groups():
+    r, c = np.meshgrid(np.arange(256), np.arange(64), indexing="ij")
+    pos = fmt.swizzled_position(r, c)
+    assert np.array_equal(np.sort(pos.ravel()), np.arange(256 * 64))
+    rr, cc = fmt.unswizzle(pos)
+    assert np.array_equal(rr, r) and np.array_equal(cc, c)
+    # 8 consecutive rows (aligned), one 16-byte chunk: 8 distinct 16-byte bank groups
+    for r0 in range(0, 256, 8):
+        for chunk in range(8):
+            groups = (fmt.swizzled_position(np.arange(r0, r0 + 8), chunk * 8) % 64) // 8
+            assert len(set(groups.tolist())) == 8
+
+
+# ---- encoder invariants ----------------------------------------------------------------------
+
+@settings(max_examples=30, deadline=None)
+@given(m=st.integers(1, 300), k=st.integers(1, 200), density=st.floats(0, 1), tile_m=st.sampled_from([64, 128, 256]),
+       dtype=st.sampled_from(["float16", "bfloat16"]), strict=st.booleans(), seed=st.integers(0, 1000))
+def test_round_trip_and_layout_invariants(m, k, density, tile_m, dtype, strict, seed):
+    a = random_csr(m, k, density, seed=seed)
+    plan = fmt.encode(a, dtype, tile_m, strict_banks=strict)
+    assert np.array_equal(dense_of(plan), rounded_half(a, dtype).toarray())
+    offsets = plan.arrays["tile_offsets"].astype(np.int64)
+    words = plan.arrays["words"]
+    grid_tiles = -(-m // tile_m) * -(-k // 64)
+    assert offsets.size == grid_tiles + 1 and offsets[0] == 0 and np.all(np.diff(offsets) >= 0)
+    assert words.size == 4 * offsets[-1] and words.dtype == np.uint32
+    pos = words >> 16
+    sink = tile_m * 64
+    assert np.all(pos < sink + fmt.SINK_HALVES)
+    pads = pos >= sink
+    assert np.all(words[pads] & 0xFFFF == 0) and pads.sum() == words.size - a.nnz
+    if not strict:
+        assert np.all(np.diff(offsets) * 4 - np.bincount(
+            (np.repeat(np.arange(grid_tiles), 4 * np.diff(offsets)))[~pads], minlength=grid_tiles) < 4)
+
+
+def test_empty_and_fully_dense_tiles():
+    dense = np.ones((128, 64), np.float32)
+    a = sp.block_diag([dense, np.zeros((128, 64)), dense], format="csr")  # 3x3 tiles, 2 full, 7 empty
+    a.eliminate_zeros()
+    plan = fmt.encode(a, "float16", 128)
+    counts = np.diff(plan.arrays["tile_offsets"]) * 4
+    assert list(counts) == [8192, 0, 0, 0, 0, 0, 0, 0, 8192]
+    assert plan.constants["padding_words"] == 0
+    assert np.array_equal(dense_of(plan), a.toarray())
+    assert np.all(fmt.round_conflicts(plan) == 1)  # a full tile's rounds are whole virtual rounds
+
+
+def test_tiles_with_residue_rows_and_columns():
+    a = random_csr(130, 70, 0.4, seed=3)  # 2 x 2 tiles of 128 x 64, mostly padding in the last ones
+    plan = fmt.encode(a, "float16", 128)
+    assert plan.constants["m_tiles"] == 2 and plan.constants["k_tiles"] == 2
+    assert np.array_equal(dense_of(plan), rounded_half(a, "float16").toarray())
+
+
+@pytest.mark.parametrize("density", [0.1, 0.5, 0.9])
+def test_scatter_rounds_are_bank_conflict_free(density):
+    """Every warp-wide store round writes 32 distinct banks, strictly with strict_banks; by default
+    all but the last few virtual rounds of each tile (where the emptier banks have run out)."""
+    a = random_csr(512, 512, density, seed=4)
+    strict = fmt.round_conflicts(fmt.encode(a, "float16", 128, strict_banks=True))
+    assert strict.size and np.all(strict == 1)
+    default = fmt.round_conflicts(fmt.encode(a, "float16", 128))
+    assert np.mean(default == 1) >= {0.1: 0.55, 0.5: 0.8, 0.9: 0.9}[density]
+    # the scatter's time (wavefronts) is near the bound set by the fullest bank, without padding bytes
+    assert default.sum() <= 1.25 * strict.size
+
+
+def test_vectorised_encoder_handles_an_opt_sized_slab_quickly():
+    import time
+
+    a = random_csr(512, 28672, 0.2, seed=5)  # a 512-row slab of OPT-66B's fc2, 80 % sparse
+    t = time.perf_counter()
+    plan = fmt.encode(a, "float16", 128)
+    assert time.perf_counter() - t < 5
+    assert plan.constants["nnz"] == a.nnz
+
+
+# ---- the kernel's view: ldmatrix of the scattered tile gives mma's A operand -------------------
+
+@pytest.mark.parametrize("tile_m", [64, 128, 256])
+def test_ldmatrix_of_the_scattered_tile_yields_the_a_fragments(tile_m):
+    a = random_csr(tile_m, 64, 0.5, seed=6)
+    plan = fmt.encode(a, "float16", tile_m)
+    smem = np.zeros(tile_m * 64 + fmt.SINK_HALVES, np.uint16)
+    words = plan.arrays["words"]
+    smem[words >> 16] = words & 0xFFFF  # the scatter (padding writes the sink)
+    w = halfbits.to_bits(a.toarray(), "float16")
+    warp_rows = tile_m // 4
+    lane = np.arange(32)
+    j = lane >> 3
+    for warp in range(4):
+        for mf in range(warp_rows // 16):
+            for ks in range(4):
+                row = warp * warp_rows + mf * 16 + (lane & 7) + ((j & 1) << 3)
+                chunk = ks * 2 + (j >> 1)
+                got = ldmatrix(smem, row * 64 + ((chunk ^ (row & 7)) << 3))  # [lane][reg][half]
+                for reg in range(4):
+                    r, c = a_fragment_positions(lane, reg)
+                    want = w[warp * warp_rows + mf * 16 + r, ks * 16 + c].T
+                    assert np.array_equal(got[:, reg], want)
+
+
+# ---- emulator against scipy ------------------------------------------------------------------
+
+def emulate(a, n, dtype, bias=None, relu=False, seed=0, **options):
+    kernel = sparsegen.compile(a, n=n, dtype=dtype, bias=bias, relu=relu, backend="emulate",
+                               options={"family": "tiled_csl_spmm", **options})
+    x = host_x(np.random.default_rng(seed), a.shape[1], n, dtype)
+    return kernel, kernel(x), reference(rounded_half(a, dtype), x.astype(np.float32), bias, relu)
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 200), k=st.integers(1, 200), density=st.floats(0.05, 1), n=st.integers(1, 70),
+       dtype=st.sampled_from(["float16", "bfloat16"]), epilogue=st.sampled_from(["none", "bias", "bias_relu"]),
+       seed=st.integers(0, 1000))
+def test_emulator_matches_scipy(m, k, density, n, dtype, epilogue, seed):
+    a = random_csr(m, k, density, seed=seed, empty_rows=0.1)
+    bias = np.random.default_rng(seed).standard_normal(m) if epilogue != "none" else None
+    kernel, y, ref = emulate(a, n, dtype, bias, epilogue == "bias_relu", seed)
+    assert y.shape == (m, n) and y.dtype == (np.float16 if dtype == "float16" else np.float32)
+    assert rel_error(y, ref) <= TOL[dtype]
+
+
+def test_n1_fp32_output_and_bf16_outputs_are_bf16_values():
+    a = random_csr(150, 300, 0.3, seed=7)
+    kernel, y, ref = emulate(a, 1, "float16", out="float32")
+    assert y.dtype == np.float32 and kernel.spec.out == "f32" and rel_error(y, ref) <= 1e-3
+    kernel, y, _ = emulate(a, 8, "bfloat16")
+    assert np.array_equal(halfbits.round_bf16(y), y)
+
+
+def test_emulator_rejects_wrong_host_dtypes():
+    a = random_csr(64, 64, 0.5, seed=8)
+    k16 = sparsegen.compile(a, n=8, dtype="bfloat16", backend="emulate", options={"family": "tiled_csl_spmm"})
+    with pytest.raises(ShapeError, match="float32"):
+        k16(np.zeros((64, 8), np.float16))
+
+
+# ---- rule, spec, steps ------------------------------------------------------------------------
+
+def test_rule_declines_what_tensor_core_tiles_cannot_do():
+    s = analyze(random_csr(256, 256, 0.3, seed=9))
+    rule = fam.RULES[0].decide
+    for request, needle in [(dict(op="sddmm", n=8, k=8), "not spmm"), (dict(n=8, dtype="float32"), "float16/bfloat16"),
+                            (dict(n=300, dtype="float16"), "n=300 > 256"),
+                            (dict(n=8, dtype="float16", options=(("out", "bfloat16"),)), "options out")]:
+        req = sparsegen.families.base.Request(**{"op": "spmm", **request})
+        d = rule(s, req)
+        assert not d.accepted and needle in d.reason, d.reason
+    sparse = analyze(random_csr(256, 256, 0.01, seed=9))
+    d = rule(sparse, sparsegen.families.base.Request("spmm", n=8, dtype="float16"))
+    assert not d.accepted and "density" in d.reason
+    ok = rule(s, sparsegen.families.base.Request("spmm", n=256, dtype="bfloat16"))
+    assert ok.accepted and ok.spec.dtype == "bf16" and ok.spec.n_tiles == 4
+
+
+def test_spec_name_spells_every_parameter():
+    spec = fam.Spec("bf16", "f32", 7168, 28672, 24, 128, 32, 5, "atomic", True, False, 9, True)
+    assert spec.name == "tiled_csl_spmm.bf16.of32.m7168k28672n24.t128x64.bn32.sk5a.r9.sb.bias"
+    assert fam.Spec("f16", "f16", 64, 64, 8, 64, 8, 1, "none").name == "tiled_csl_spmm.f16.m64k64n8.t64x64.bn8.sk1.r0"
+    assert spec.kt_per_split == 90 and spec.mf == 2 and spec.nf == 4 and spec.xv == 8
+
+
+def test_fp16_selection_picks_a_tiled_family_with_a_reason_and_float32_does_not():
+    s = analyze(random_csr(1024, 2048, 0.2, seed=10))
+    sel = select(s, op="spmm", n=16, dtype="float16")
+    assert sel.spec.family in ("tiled_bitmap_spmm", "tiled_csl_spmm")
+    assert "split-K" in sel.reason and "SMs" in sel.reason
+    assert not select(s, op="spmm", n=16, dtype="float32").spec.family.startswith("tiled")
+
+
+@pytest.mark.parametrize("m,k,n", [(7168, 28672, 8), (28672, 7168, 64), (12288, 49152, 32), (256, 256, 16)])
+def test_split_k_is_derived_from_shape_and_sm_count(m, k, n):
+    """No split empty; enough blocks for the SMs when K allows; the reason says how."""
+    stats = _stats_like(m, k, 0.2)
+    spec, reason = fam.choose(stats, sparsegen.families.base.Request("spmm", n=n, dtype="float16"))
+    assert (spec.split_k - 1) * spec.kt_per_split < spec.k_tiles
+    assert spec.reduction == ("none" if spec.split_k == 1 else spec.reduction)
+    blocks = spec.m_tiles * spec.n_tiles * spec.split_k
+    if spec.k_tiles >= 4 * 8:
+        assert blocks >= 132
+    assert "blocks for 132 SMs" in reason
+    few = fam.choose(stats, sparsegen.families.base.Request("spmm", n=n, dtype="float16", arch="sm_75"))[0]
+    assert few.m_tiles * few.n_tiles * few.split_k <= blocks or few.tile_m < spec.tile_m
+
+
+def _stats_like(m, k, density):
+    """MatrixStats of an m x k matrix of uniform `density` without building it (for big shapes)."""
+    from sparsegen.analyze import LengthStats, TileStats
+
+    s = analyze(random_csr(256, 256, density, seed=1))
+    tiles = -(-m // 128) * -(-k // 64)
+    hist = [0] * 10
+    hist[min(int(density * 10), 9)] = tiles
+    t = TileStats(128, 64, tiles, tiles, int(density * 8192 * 1.1), density * 8192, 0.0, tuple(hist))
+    import dataclasses
+
+    return dataclasses.replace(s, shape=(m, k), nnz=int(density * m * k), density=density, tiles=t,
+                               row_lengths=LengthStats(0, k, density * k, 1.0, 0.1, 0))
+
+
+def test_options_force_split_and_reduction_and_steps_follow():
+    a = random_csr(300, 1000, 0.3, seed=11)
+    for reduction, kernels, scratch in [("atomic", ["tiled_csl_spmm"], {"workspace", "counters"}),
+                                        ("two_step", ["tiled_csl_spmm", "tiled_csl_spmm_reduce"], {"workspace"})]:
+        kernel, y, ref = emulate(a, 12, "float16", bias=np.ones(300), split_k=3, reduction=reduction)
+        spec = kernel.spec
+        assert spec.split_k == 3 and spec.reduction == reduction
+        steps = fam.steps(spec, kernel.plan)
+        assert [s.kernel for s in steps] == kernels
+        assert {a.name for s in steps for a in s.args if a.kind == "scratch"} == scratch
+        assert steps[0].launch.grid == (spec.n_tiles, spec.m_tiles, 3)
+        c = kernel.plan.constants
+        assert c["workspace_bytes"] == 4 * 300 * 12 * (3 if reduction == "two_step" else 1)
+        assert rel_error(y, ref) <= TOL["float16"]
+    kernel, _, _ = emulate(a, 12, "float16")
+    assert [s.kernel for s in fam.steps(kernel.spec, kernel.plan)] == ["tiled_csl_spmm"]
+
+
+def test_api_compile_emulate_and_describe():
+    a = random_csr(200, 300, 0.3, seed=12)
+    kernel = sparsegen.compile(a, n=32, dtype="float16", backend="emulate", options={"family": "tiled_csl_spmm"})
+    assert kernel.spec.reg_vecs == fam.reg_vecs_for(kernel.plan.constants["max_tile_vectors"]) >= 1
+    assert 'extern "C" __global__ void __launch_bounds__(THREADS)\ntiled_csl_spmm(' in kernel.source
+    assert "constexpr int REG_VECS = " in kernel.source and "mma.sync.aligned.m16n8k16" in kernel.source
+    assert kernel.describe()["selection"]["family"] == "tiled_csl_spmm"
+    with pytest.raises(UnsupportedError):
+        sparsegen.compile(a, n=32, dtype="float32", backend="emulate", options={"family": "tiled_csl_spmm"})
+
+
+# ---- nvcc tier -----------------------------------------------------------------------------------
+
+CODE_SHAPES = [  # (m, k, density, n, dtype, options): one per code path
+    (300, 200, 0.3, 16, "float16", {}),  # 16-byte X copies, no split
+    (300, 200, 0.3, 1, "float16", {}),  # N = 1: scalar X loads, x2 ldmatrix, single stores
+    (130, 300, 0.5, 12, "bfloat16", {"split_k": 2, "reduction": "atomic"}),  # 8-byte copies, red.v2
+    (130, 300, 0.5, 6, "bfloat16", {"split_k": 3, "reduction": "two_step", "out": "float32"}),  # 4-byte copies
+    (512, 512, 1.0, 64, "float16", {"tile_m": 128, "strict_banks": True}),  # dense tiles, 4-chunk B loads
+    (256, 256, 0.6, 33, "float16", {"split_k": 2, "reduction": "atomic"}),  # odd N, scalar atomics
+    (256, 300, 0.6, 24, "float16", {"tile_m": 256}),  # four m16 fragments per warp
+    (600, 640, 0.2, 256, "bfloat16", {}),  # four column tiles
+]
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("shape", CODE_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}-n{s[3]}-{s[4]}-{'-'.join(map(str, s[5].values()))}")
+@pytest.mark.parametrize("epilogue", [False, True])
+def test_every_code_shape_compiles_for_sm90_with_hmma(shape, epilogue, tmp_path):
+    m, k, density, n, dtype, options = shape
+    a = random_csr(m, k, density, seed=13)
+    kernel = sparsegen.compile(a, n=n, dtype=dtype, backend="emulate", bias=np.ones(m) if epilogue else None,
+                               relu=epilogue, options={"family": "tiled_csl_spmm", **options})
+    cubin = nvcc.compile_cubin(kernel.source, "sm_90", name=kernel.spec.name)
+    assert cubin[:4] == b"\x7fELF"
+    assert_sass_has_hmma(cubin, tmp_path)
+
+
+def assert_sass_has_hmma(cubin: bytes, tmp_path):
+    if shutil.which("cuobjdump") is None:
+        pytest.skip("cuobjdump not on PATH: SASS not inspected")
+    path = tmp_path / "k.cubin"
+    path.write_bytes(cubin)
+    sass = subprocess.run(["cuobjdump", "-sass", str(path)], capture_output=True, text=True).stdout
+    if not sass:
+        pytest.skip("cuobjdump could not disassemble (nvdisasm missing?)")
+    assert "HMMA.16816.F32" in sass
+    assert "LDL" not in sass and "STL" not in sass  # no register spills to local memory
