@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formats.tiling import TILE_K
-from .base import Arg, KernelSpec, Launch, Operand, Request, Step, decline, sm_count
+from .base import Arg, KernelSpec, Launch, Operand, Request, Step, decline, epilogue_suffix, sm_count, widest_vector
 
 WARPS = 4
 THREADS = WARPS * 32
@@ -88,12 +88,12 @@ class TiledSpec(KernelSpec):
     @property
     def xv(self) -> int:
         """Halves of X per copy: the widest power of two <= 8 dividing N (rows stay aligned)."""
-        return widest_vector(self.n)
+        return widest_vector(self.n, 2)
 
     def base_name(self) -> str:
         out = f".o{self.out}" if self.out != self.dtype else ""
         red = {"none": "", "atomic": "a", "two_step": "r"}[self.reduction]
-        epi = "".join(f".{e}" for e, on in (("bias", self.bias), ("relu", self.relu)) if on)
+        epi = epilogue_suffix(self.bias, self.relu)
         return (f"{self.family}.{self.dtype}{out}.m{self.m}k{self.k}n{self.n}.t{self.tile_m}x{TILE_K}"
                 f".bn{self.bn}.sk{self.split_k}{red}"), epi
 
@@ -108,13 +108,6 @@ class TiledSpec(KernelSpec):
     def to_dict(self) -> dict:
         return {"family": self.family, "name": self.name,
                 **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
-
-
-def widest_vector(n: int) -> int:
-    v = 8
-    while v > 1 and n % v:
-        v //= 2
-    return v
 
 
 def block_n(n: int) -> int:

@@ -139,6 +139,47 @@ def sm_count(arch: str) -> int:
     return SM_COUNT.get(arch, 132)
 
 
+VEC_BYTES_MAX = 16  # widest vector load: float4 / 8 halves
+
+
+def widest_vector(n: int, itemsize: int) -> int:
+    """The widest power-of-two vector (at most 16 bytes) that divides n, so every row of a
+    row-major operand with n columns starts aligned to it."""
+    vec = VEC_BYTES_MAX // itemsize
+    while vec > 1 and n % vec:
+        vec //= 2
+    return vec
+
+
+def epilogue_suffix(bias: bool, relu: bool) -> str:
+    """The `.bias` / `.relu` part of a spec name."""
+    return "".join(f".{e}" for e, on in (("bias", bias), ("relu", relu)) if on)
+
+
+def long_dtype(short: str) -> str:
+    """"f32" -> "float32": a spec's storage dtype as NumPy names it."""
+    return {v: k for k, v in DTYPES.items()}[short]
+
+
+def spmm_gate(stats, request: Request, index_slack: int = 0) -> Decision | None:
+    """The declines every CSR-based spmm family shares (op, dtype, 32-bit indices), or None.
+    `index_slack`: entries the family's encoding adds past nnz (vector padding)."""
+    if request.op != "spmm":
+        return decline(f"op {request.op!r} is not spmm")
+    if request.dtype not in ("float32", "float16"):
+        return decline(f"dtype {request.dtype} not in float32/float16")
+    if stats.nnz + index_slack >= 2**31 or max(stats.shape) >= 2**31:
+        return decline("matrix needs 64-bit indices")
+    return None
+
+
+def spmm_operands(spec, plan) -> tuple[tuple[Operand, ...], Operand]:
+    """X (k, n) in, Y (m, n) out, both in the spec's storage dtype."""
+    dtype = long_dtype(spec.dtype)
+    m, k = plan.constants["m"], plan.constants["k"]
+    return (Operand("x", (k, spec.n), dtype),), Operand("y", (m, spec.n), dtype)
+
+
 def next_pow2(x: int) -> int:
     return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
 

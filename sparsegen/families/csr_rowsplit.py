@@ -13,13 +13,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..formats import csr as FORMAT  # noqa: N812 - the family's format module
-from .base import (Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, next_pow2, prev_pow2,
-                   sm_count)
+from .base import (Arg, KernelSpec, Launch, Request, Rule, accept, epilogue_suffix, long_dtype, next_pow2,
+                   prev_pow2, sm_count, spmm_gate, spmm_operands, widest_vector)
 
 FAMILY = "csr_rowsplit"
 KERNEL = "csr_rowsplit_spmm"
 WARP = 32
-VEC_BYTES_MAX = 16  # widest vector load: float4 / 8 halves
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,7 @@ class Spec(KernelSpec):
 
     @property
     def name(self) -> str:
-        epi = "".join(f".{e}" for e, on in (("bias", self.bias), ("relu", self.relu)) if on)
+        epi = epilogue_suffix(self.bias, self.relu)
         return (f"{FAMILY}.{self.dtype}.n{self.n}.v{self.vec}."
                 f"c{self.lanes_col}k{self.lanes_k}.b{self.block}{epi}")
 
@@ -51,15 +50,6 @@ class Spec(KernelSpec):
     @property
     def rows_per_block(self) -> int:
         return self.block // self.lanes
-
-
-def widest_vector(n: int, itemsize: int) -> int:
-    """The widest power-of-two vector (at most 16 bytes) that divides n, so every row of X and Y
-    starts aligned to it."""
-    vec = VEC_BYTES_MAX // itemsize
-    while vec > 1 and n % vec:
-        vec //= 2
-    return vec
 
 
 WARPS_PER_SM = 16  # resident warps per SM wanted to hide load latency (of 64 possible)
@@ -104,13 +94,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
 
 
 def _rule(stats, request: Request):
-    if request.op != "spmm":
-        return decline(f"op {request.op!r} is not spmm")
-    if request.dtype not in ("float32", "float16"):
-        return decline(f"dtype {request.dtype} not in float32/float16")
-    if stats.nnz >= 2**31 or max(stats.shape) >= 2**31:
-        return decline("matrix needs 64-bit indices")
-    return accept(*choose(stats, request))
+    return spmm_gate(stats, request) or accept(*choose(stats, request))
 
 
 RULES = (Rule("csr_rowsplit", FAMILY, _rule),)
@@ -124,13 +108,10 @@ def arguments(spec: Spec) -> tuple[Arg, ...]:
 
 
 def encode(csr, spec: Spec, bias=None):
-    return FORMAT.encode(csr, "float32" if spec.dtype == "f32" else "float16", bias)
+    return FORMAT.encode(csr, long_dtype(spec.dtype), bias)
 
 
-def operands(spec: Spec, plan) -> tuple[tuple[Operand, ...], Operand]:
-    dtype = "float32" if spec.dtype == "f32" else "float16"
-    m, k = plan.constants["m"], plan.constants["k"]
-    return (Operand("x", (k, spec.n), dtype),), Operand("y", (m, spec.n), dtype)
+operands = spmm_operands
 
 
 def launch(spec: Spec, plan) -> Launch:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..formats import ell_coo as FORMAT  # noqa: N812 - the family's format module
-from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, Step, accept, decline, next_pow2
-from .csr_rowsplit import widest_vector
+from .base import (Arg, KernelSpec, Launch, Request, Rule, Step, accept, decline, epilogue_suffix, long_dtype,
+                   next_pow2, spmm_gate, spmm_operands, widest_vector)
 
 FAMILY = "ell_coo_spmm"
 KERNEL = "ell_coo_spmm_ell"  # the first step (tools that print one kernel name show this one)
@@ -51,7 +51,7 @@ class Spec(KernelSpec):
 
     @property
     def name(self) -> str:
-        epi = "".join(f".{e}" for e, on in (("bias", self.bias), ("relu", self.relu)) if on)
+        epi = epilogue_suffix(self.bias, self.relu)
         return (f"{FAMILY}.{self.dtype}.n{self.n}.v{self.vec}.c{self.lanes}.w{self.width}.ch{self.chunk}"
                 f".u{self.unroll}.b{self.block}{epi}")
 
@@ -80,12 +80,9 @@ def make_spec(dtype: str, n: int, width: int, *, bias: bool = False, relu: bool 
 
 
 def _rule(stats, request: Request):
-    if request.op != "spmm":
-        return decline(f"op {request.op!r} is not spmm")
-    if request.dtype not in ("float32", "float16"):
-        return decline(f"dtype {request.dtype} not in float32/float16")
-    if stats.nnz >= 2**31 or max(stats.shape) >= 2**31:
-        return decline("matrix needs 64-bit indices")
+    gate = spmm_gate(stats, request)
+    if gate:
+        return gate
     rl = stats.row_lengths
     if rl.cov < COV_MIN:
         return decline(f"row-length CoV {rl.cov:.2f} < {COV_MIN}: rows {rl.min}..{rl.max} nnz are even enough "
@@ -140,13 +137,10 @@ def steps(spec: Spec, plan) -> tuple[Step, ...]:
 
 
 def encode(csr, spec: Spec, bias=None):
-    return FORMAT.encode(csr, "float32" if spec.dtype == "f32" else "float16", spec.width, spec.chunk, bias)
+    return FORMAT.encode(csr, long_dtype(spec.dtype), spec.width, spec.chunk, bias)
 
 
-def operands(spec: Spec, plan) -> tuple[tuple[Operand, ...], Operand]:
-    dtype = "float32" if spec.dtype == "f32" else "float16"
-    m, k = plan.constants["m"], plan.constants["k"]
-    return (Operand("x", (k, spec.n), dtype),), Operand("y", (m, spec.n), dtype)
+operands = spmm_operands
 
 
 def alignment(spec: Spec) -> int:

@@ -21,13 +21,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..formats import csr_sddmm as FORMAT  # noqa: N812 - the family's format module
-from .base import (Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, next_pow2, prev_pow2,
-                   sm_count)
+from .base import (Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, long_dtype, next_pow2,
+                   prev_pow2, sm_count, widest_vector)
 
 FAMILY = "sputnik_sddmm"
 KERNEL = "sputnik_sddmm"
 WARP = 32
-VEC_BYTES = 16  # widest load: float4 / 8 halves
 LINE_BYTES = 128  # a group reads one L1 line of a B row per load instruction
 TILES = (32, 16, 8)  # nonzeros per tile, largest first (Sputnik: 32)
 LOADS_IN_FLIGHT = 32  # tile x unroll: independent vector loads per lane and chunk
@@ -71,14 +70,6 @@ class Spec(KernelSpec):
     @property
     def groups_per_block(self) -> int:
         return self.block // self.lanes
-
-
-def widest_vector(k: int, itemsize: int) -> int:
-    """The widest power-of-two vector (at most 16 bytes) dividing k: every row of A and B starts aligned."""
-    vec = VEC_BYTES // itemsize
-    while vec > 1 and k % vec:
-        vec //= 2
-    return vec
 
 
 def group_lanes(k: int, vec: int, itemsize: int) -> int:
@@ -206,12 +197,8 @@ def encode(csr, spec: Spec, bias=None):
                          scaled=spec.scaled)
 
 
-def _dtype(spec: Spec) -> str:
-    return "float32" if spec.dtype == "f32" else "float16"
-
-
 def operands(spec: Spec, plan) -> tuple[tuple[Operand, ...], Operand]:
-    c, dtype = plan.constants, _dtype(spec)
+    c, dtype = plan.constants, long_dtype(spec.dtype)
     return ((Operand("a", (c["m"], spec.k), dtype), Operand("b", (c["n"], spec.k), dtype)),
             Operand("out", (c["nnz"],), dtype))
 

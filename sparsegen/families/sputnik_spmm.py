@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..formats import csr as FORMAT  # noqa: N812 - the family's format module
-from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, next_pow2, sm_count
+from .base import (Arg, KernelSpec, Launch, Request, Rule, accept, decline, epilogue_suffix, long_dtype, next_pow2,
+                   sm_count, spmm_gate, spmm_operands, widest_vector)
 
 FAMILY = "sputnik_spmm"
 KERNEL = "sputnik_spmm"
 WARP = 32
 CHUNK = 32  # nonzeros staged per step: Sputnik's kBlockItemsK
-VEC_BYTES = 16  # widest load of X: float4 / 8 halves
 TILE_BYTES = 512  # a row group's output tile, at most: 128 floats (Sputnik's 64 measured 1.37x slower here)
 BLOCK_THREADS = 128  # threads per block, unless one row's groups need more
 MAX_KSPLIT = 8
@@ -56,7 +56,7 @@ class Spec(KernelSpec):
 
     @property
     def name(self) -> str:
-        epi = "".join(f".{e}" for e, on in (("bias", self.bias), ("relu", self.relu)) if on)
+        epi = epilogue_suffix(self.bias, self.relu)
         idx = f"i{self.index_bits}" + ("s" if self.prescaled else "") + ("w" if self.wide else "")
         return (f"{FAMILY}.{self.dtype}.n{self.n}.v{self.vec}.w{self.width}.ks{self.ksplit}.r{self.rows}"
                 f".c{self.chunk}x{self.sv}.b{self.batch}.{idx}{'.swz' if self.swizzle else ''}{epi}")
@@ -68,13 +68,6 @@ class Spec(KernelSpec):
     @property
     def block(self) -> int:
         return self.rows * self.ksplit * self.width
-
-
-def widest_vector(n: int, itemsize: int) -> int:
-    vec = VEC_BYTES // itemsize
-    while vec > 1 and n % vec:
-        vec //= 2
-    return vec
 
 
 def warps(m: int, n: int, tile_n: int, width: int, ksplit: int) -> int:
@@ -120,12 +113,9 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
 
 
 def _rule(stats, request: Request):
-    if request.op != "spmm":
-        return decline(f"op {request.op!r} is not spmm")
-    if request.dtype not in ("float32", "float16"):
-        return decline(f"dtype {request.dtype} not in float32/float16")
-    if stats.nnz + 8 >= 2**31 or max(stats.shape) >= 2**31:
-        return decline("matrix needs 64-bit indices")
+    gate = spmm_gate(stats, request, index_slack=8)  # indices and values padded to a whole vector
+    if gate:
+        return gate
     mean = stats.row_lengths.mean
     if request.option("family") != FAMILY and (request.n < MIN_N or mean < MIN_MEAN_ROW):
         return decline(f"n={request.n}, rows avg {mean:.1f} nnz: below n >= {MIN_N} with rows >= {MIN_MEAN_ROW}, "
@@ -152,15 +142,12 @@ def arguments(spec: Spec) -> tuple[Arg, ...]:
 
 
 def encode(csr, spec: Spec, bias=None):
-    return FORMAT.encode_sputnik(csr, "float32" if spec.dtype == "f32" else "float16",
+    return FORMAT.encode_sputnik(csr, long_dtype(spec.dtype),
                                  index_bits=spec.index_bits, prescale=spec.n if spec.prescaled else 0,
                                  vector=spec.sv, swizzle=spec.swizzle, bias=bias)
 
 
-def operands(spec: Spec, plan) -> tuple[tuple[Operand, ...], Operand]:
-    dtype = "float32" if spec.dtype == "f32" else "float16"
-    m, k = plan.constants["m"], plan.constants["k"]
-    return (Operand("x", (k, spec.n), dtype),), Operand("y", (m, spec.n), dtype)
+operands = spmm_operands
 
 
 def launch(spec: Spec, plan) -> Launch:
