@@ -22,6 +22,23 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return text, {"family": family, **{k: int(v) for k, v in (o.split("=") for o in opts)}}
 
 
+def skewed(m: int, k: int, density: float, cov: float, seed: int):
+    """m x k CSR whose row lengths are lognormal with the given CoV and mean k x density
+    (clipped to [0, k]), columns uniform: where the ELL+COO hybrid is meant to win."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    sigma = math.sqrt(math.log1p(cov * cov))
+    lengths = rng.lognormal(math.log(k * density) - sigma * sigma / 2, sigma, m)
+    lengths = np.clip(np.rint(lengths), 0, k).astype(np.int64)
+    keys = rng.random((m, k))
+    order = np.argsort(keys, axis=1)
+    mask = np.zeros((m, k), bool)
+    take = np.arange(k)[None, :] < lengths[:, None]
+    np.put_along_axis(mask, order, take, axis=1)
+    return sp.csr_matrix(mask.astype(np.float32))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", required=True)
@@ -30,6 +47,7 @@ def main() -> None:
     ap.add_argument("--variants", default="csr_rowsplit;sputnik_spmm")
     ap.add_argument("--every", type=int, default=1, help="every k-th DLMC matrix")
     ap.add_argument("--random", default="", help="e.g. 4096:0.8,8192:0.9")
+    ap.add_argument("--skewed", default="", help="row-length CoVs of 4096x4096 ~10 %% matrices, e.g. 0.5,1,2")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
@@ -47,6 +65,8 @@ def main() -> None:
         size, sparsity = item.split(":")
         mats.append((f"random/{size}/{sparsity}",
                      lambda s=int(size), p=float(sparsity): random_square(s, p, seed=s)))
+    for cov in filter(None, args.skewed.split(",")):
+        mats.append((f"skewed/4096/cov{cov}", lambda c=float(cov): skewed(4096, 4096, 0.1, c, seed=7)))
     rows, ratios = [], {name: [] for name, _ in variants}
     for mid, load in mats:
         a = load()
@@ -59,7 +79,9 @@ def main() -> None:
         for n in map(int, args.ns.split(",")):
             x = torch.randn((a.shape[1], n), dtype=dense.dtype, device=dev)
             ref = torch.matmul(dense.double(), x.double()).cpu().numpy()
-            rec = {"id": mid, "n": n, "shape": list(a.shape), "nnz": int(a.nnz), "ms": {}, "spec": {}}
+            lengths = np.diff(a.indptr)
+            cov = float(lengths.std() / lengths.mean()) if lengths.mean() else 0.0
+            rec = {"id": mid, "n": n, "shape": list(a.shape), "nnz": int(a.nnz), "row_cov": cov, "ms": {}, "spec": {}}
             rec["ms"]["cusparse"] = time_cuda(lambda: torch.mm(sparse, x))["median_ms"]
             rec["ms"]["cublas"] = time_cuda(lambda: torch.matmul(dense, x))["median_ms"]
             for name, options in variants:
@@ -77,7 +99,11 @@ def main() -> None:
                 ratios[name].append(rec["ms"]["cusparse"] / rec["ms"][name])
             rows.append(rec)
             cells = "  ".join(f"{v}={rec['ms'][v]:.4f}" for v in rec["ms"])
-            print(f"{mid[:60]:60s} n={n:5d} {cells}", flush=True)
+            bad = [v for v, e in rec.get("error", {}).items() if not e <= 1e-4]
+            print(f"{mid[:60]:60s} cov={cov:4.2f} n={n:5d} {cells}{'  WRONG: ' + ','.join(bad) if bad else ''}", flush=True)
+        if args.out:  # after every matrix, so a run cut short keeps what it measured
+            with open(args.out, "w") as f:
+                json.dump(rows, f, indent=1)
     for name, r in ratios.items():
         if r:
             print(f"geomean vs cuSPARSE {name}: {math.exp(np.mean(np.log(r))):.2f}x over {len(r)}")

@@ -15,7 +15,7 @@ from .helpers import TOL, random_csr, reference, rel_error, rounded
 pytestmark = pytest.mark.gpu
 
 
-SPMM_FAMILIES = ["sputnik_spmm", "csr_rowsplit"]
+SPMM_FAMILIES = ["sputnik_spmm", "csr_rowsplit", "panel_spmm"]
 
 
 def run_check(a, n, dtype="float32", bias=None, relu=False, seed=0, via="numpy", family=None, **options):

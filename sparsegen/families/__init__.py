@@ -6,11 +6,12 @@ from . import sputnik_spmm
 from . import sputnik_sddmm
 from . import ell_coo_spmm
 from . import tiled_bitmap_spmm, tiled_csl_spmm
+from . import panel_spmm
 
 # Ordered: the first rule that accepts wins; specialised families go before the baseline.
 # The tiled tensor-core families (issue 6) come last until the llm suite has measured where they win:
 # for now they run when asked for (options={'family': ...}) or when tune=True times them.
-ORDER = (spdnn_sliced_ell, ell_coo_spmm, sputnik_spmm, sputnik_sddmm, csr_rowsplit, tiled_bitmap_spmm, tiled_csl_spmm)
+ORDER = (spdnn_sliced_ell, ell_coo_spmm, panel_spmm, sputnik_spmm, sputnik_sddmm, csr_rowsplit, tiled_bitmap_spmm, tiled_csl_spmm)
 FAMILIES = {fam.FAMILY: fam for fam in ORDER}
 RULES = tuple(rule for fam in ORDER for rule in fam.RULES)
 

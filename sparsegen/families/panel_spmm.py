@@ -1,0 +1,181 @@
+"""`panel_spmm`: row panels with X staged in shared memory, Y = A·X (+ bias, ReLU).
+
+csr_rowsplit and sputnik_spmm load, for every nonzero, its X row from L2: on the H100 that
+saturates near 8 TB/s of L2 reads (the DLMC sweep), and a 70-90 % sparse layer then runs at a few
+TFLOP/s. Here a block owns a panel of rows and walks K in chunks: it copies the X tile of a chunk
+(kc rows x tile_n columns) into shared memory once with cp.async, together with the panel's
+nonzeros of that chunk (one contiguous segment, see formats/panel.py), and every nonzero then
+reads its X row from shared memory. One staged X row serves panel rows x density nonzeros on
+average, so the L2 traffic drops by that factor and shared-memory bandwidth becomes the bound.
+The copy of chunk c + 1 overlaps the multiplication of chunk c. When panels and column tiles
+alone are too few blocks for the GPU, K is split across blocks that add into an fp32 workspace,
+and a second kernel applies the epilogue.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..formats import csr as CSR  # noqa: N812
+from ..formats import panel as FORMAT  # noqa: N812 - the family's format module
+from .base import (Arg, KernelSpec, Launch, Request, Rule, Step, accept, decline, epilogue_suffix, long_dtype,
+                   next_pow2, prev_pow2, sm_count, spmm_gate, spmm_operands, widest_vector)
+
+FAMILY = "panel_spmm"
+KERNEL = "panel_spmm"
+WARPS = 8  # warps per block
+MAX_ACC = 32  # fp32 accumulators per lane (rows per group x vector)
+REUSE = 16  # nonzeros one staged X row should serve: panel rows ~ REUSE / density
+MIN_PANEL, MAX_PANEL = 32, 256
+STAGE_BYTES = 48 * 1024  # one pipeline stage (X tile + segment); two stages, two blocks per SM
+X_TILE_BYTES = 32 * 1024
+BLOCKS_PER_SM = 2  # blocks wanted per SM (the shared memory of two stages allows two)
+PAIR_SLACK = 1.25  # staged capacity over the expected segment; longer segments read the rest from L2
+FINISH_THREADS = 256
+
+
+@dataclass(frozen=True)
+class Spec(KernelSpec):
+    family: ClassVar[str] = FAMILY
+    dtype: str  # "f32" | "f16": storage of A's values, X and Y; accumulation is fp32
+    m: int
+    k: int
+    n: int
+    vec: int  # elements per lane per load of X / store of Y
+    group: int  # lanes of a row group (across tile_n = group x vec columns)
+    warps: int
+    rpg: int  # rows per row group
+    kc: int  # rows of X per staged chunk
+    cps: int  # chunks per split of K
+    pair_cap: int  # nonzeros of a segment staged in shared memory; the rest is read from L2
+    density: float  # of the matrix, rounded: shapes the comments only
+    bias: bool = False
+    relu: bool = False
+
+    @property
+    def name(self) -> str:
+        return (f"{FAMILY}.{self.dtype}.m{self.m}k{self.k}n{self.n}.v{self.vec}.g{self.group}.w{self.warps}"
+                f".r{self.rpg}.kc{self.kc}.cps{self.cps}.p{self.pair_cap}{epilogue_suffix(self.bias, self.relu)}")
+
+    @property
+    def itemsize(self) -> int:
+        return 2 if self.dtype == "f16" else 4
+
+    @property
+    def tile_n(self) -> int:
+        return self.group * self.vec
+
+    @property
+    def panel_rows(self) -> int:
+        return self.warps * (32 // self.group) * self.rpg
+
+    @property
+    def chunks(self) -> int:
+        return max(-(-self.k // self.kc), 1)
+
+    @property
+    def splits(self) -> int:
+        return -(-self.chunks // self.cps)
+
+    @property
+    def panels(self) -> int:
+        return max(-(-self.m // self.panel_rows), 1)
+
+    @property
+    def record(self) -> int:
+        return FORMAT.record_stride(self.panel_rows)
+
+    @property
+    def shared_bytes(self) -> int:
+        return 2 * stage_bytes(self.kc, self.tile_n, self.itemsize, self.record, self.pair_cap)
+
+    def fields(self) -> dict:
+        return {**super().fields(), "record": self.record}
+
+
+def stage_bytes(kc: int, tile_n: int, itemsize: int, record: int, pair_cap: int) -> int:
+    pair_bytes = 4 if itemsize == 2 else 8
+    return kc * tile_n * itemsize + record * 4 + (-(-pair_cap // 4) * 4) * pair_bytes
+
+
+def pair_capacity(panel_rows: int, kc: int, density: float) -> int:
+    expected = panel_rows * kc * density
+    return int(min(panel_rows * kc, -(-int(PAIR_SLACK * expected + 32) // 4) * 4))
+
+
+def choose(stats, request: Request, *, reuse: int = REUSE, blocks_per_sm: int = BLOCKS_PER_SM) -> tuple[Spec, str]:
+    """Tile from n and the dtype, panel height from the density (reuse of a staged X row), chunk
+    from the shared-memory budget, and a split of K when the panels alone are too few blocks."""
+    f16 = request.dtype == "float16"
+    itemsize = 2 if f16 else 4
+    (m, k), n, density = stats.shape, request.n, max(stats.density, 1e-6)
+    vec = widest_vector(n, itemsize)
+    group = min(32, next_pow2(-(-n // vec)))
+    tile_n = group * vec
+    groups = WARPS * (32 // group)
+    want_rows = min(MAX_PANEL, max(MIN_PANEL, next_pow2(reuse / density)), next_pow2(m))
+    rpg = max(1, min(MAX_ACC // vec, want_rows // groups))
+    panel_rows = groups * rpg
+    kc = min(256, max(16, prev_pow2(X_TILE_BYTES // (tile_n * itemsize))), max(16, next_pow2(k)))
+    record = FORMAT.record_stride(panel_rows)
+    while kc > 16 and stage_bytes(kc, tile_n, itemsize, record, pair_capacity(panel_rows, kc, density)) > STAGE_BYTES:
+        kc //= 2
+    chunks = max(-(-k // kc), 1)
+    blocks = max(-(-m // panel_rows), 1) * -(-n // tile_n)
+    splits = min(chunks, max(1, -(-blocks_per_sm * sm_count(request.arch) // blocks)))
+    cps = -(-chunks // splits)
+    spec = Spec(request.short_dtype, m, k, n, vec, group, WARPS, rpg, kc, cps,
+                pair_capacity(panel_rows, kc, density), round(float(density), 3), request.bias, request.relu)
+    reason = (f"density {density:.3f}: panels of {panel_rows} rows share each staged X row "
+              f"(~{panel_rows * density:.1f} nonzeros per row copied); {kc} x {tile_n} X tiles in shared memory, "
+              f"{vec}-wide loads")
+    if spec.splits > 1:
+        reason += f"; K split {spec.splits} ways ({blocks} panel tiles alone, under {blocks_per_sm} per SM)"
+    return spec, reason
+
+
+def _rule(stats, request: Request):
+    gate = spmm_gate(stats, request)
+    if gate:
+        return gate
+    reuse, per_sm = request.option("reuse", REUSE), request.option("blocks_per_sm", BLOCKS_PER_SM)
+    if not (isinstance(reuse, int) and 1 <= reuse <= 256):
+        return decline(f"options reuse={reuse!r}: expected an integer from 1 to 256")
+    if not (isinstance(per_sm, int) and 1 <= per_sm <= 64):
+        return decline(f"options blocks_per_sm={per_sm!r}: expected an integer from 1 to 64")
+    if request.option("family") != FAMILY:
+        return decline("not yet measured against csr_rowsplit / sputnik_spmm: runs when asked for")
+    return accept(*choose(stats, request, reuse=reuse, blocks_per_sm=per_sm))
+
+
+RULES = (Rule("panel_spmm", FAMILY, _rule),)
+
+
+def encode(csr, spec: Spec, bias=None):
+    plan = FORMAT.encode(csr, long_dtype(spec.dtype), rows=spec.panel_rows, kc=spec.kc, tile_n=spec.tile_n, bias=bias)
+    workspace = spec.m * spec.n * 4 if spec.splits > 1 else 0
+    return type(plan)(plan.format, plan.arrays, {**plan.constants, "workspace_bytes": workspace})
+
+
+def steps(spec: Spec, plan) -> tuple:
+    args = [Arg("rowoff", "plan"), Arg("pairs", "plan"), Arg("x", "input")]
+    grid = (spec.panels if spec.m else 0, -(-spec.n // spec.tile_n), spec.splits)
+    block = (spec.warps * 32, 1, 1)
+    if spec.splits == 1:
+        args += [Arg("bias", "plan")] if spec.bias else []
+        return (Step(KERNEL, tuple(args + [Arg("y", "output")]), Launch(grid, block, spec.shared_bytes)),)
+    main = Step(KERNEL, tuple(args + [Arg("workspace", "scratch")]), Launch(grid, block, spec.shared_bytes))
+    finish_args = (Arg("workspace", "scratch"),) + ((Arg("bias", "plan"),) if spec.bias else ()) + (Arg("y", "output"),)
+    blocks = -(-spec.m * spec.n // FINISH_THREADS)
+    return main, Step(f"{KERNEL}_finish", finish_args, Launch((blocks, 1, 1), (FINISH_THREADS, 1, 1), 0))
+
+
+operands = spmm_operands
+
+
+def alignment(spec: Spec) -> int:
+    return spec.vec * spec.itemsize
+
+
+def emulate(spec: Spec, plan, inputs: dict):
+    return CSR.spmm(FORMAT.decode(plan), inputs["x"], relu=spec.relu)
