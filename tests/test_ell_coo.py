@@ -248,8 +248,18 @@ def test_rule_declines_even_rows_naming_the_cov():
     a = csr_from_lengths([10] * 30 + [12] * 30, 64)
     decision = fam.RULES[0].decide(analyze(a), request())
     assert not decision.accepted
-    assert decision.reason == "row-length CoV 0.09 < 1.0: rows 10..12 nnz are even enough for one pass"
+    n = request().n
+    cov_min = fam.COV_MIN if n >= fam.WIDE_N else fam.COV_MIN_NARROW
+    assert decision.reason == f"row-length CoV 0.09 < {cov_min} (n={n}): rows 10..12 nnz are even enough for one pass"
     assert select_request(analyze(a), request()).spec.family != "ell_coo_spmm"
+
+
+@pytest.mark.parametrize("n,accepted", [(32, False), (128, True)])
+def test_cov_threshold_depends_on_n(n, accepted):
+    """CoV 1.0 sits between the measured crossovers: 0.75 for n >= 128, 1.3 for narrower n."""
+    stats = analyze(csr_from_lengths([5] * 40 + [60] * 4, 64))
+    stats = dataclasses.replace(stats, row_lengths=dataclasses.replace(stats.row_lengths, cov=1.0))
+    assert fam.RULES[0].decide(stats, request(n=n)).accepted is accepted
 
 
 def test_rule_declines_when_no_row_spills():

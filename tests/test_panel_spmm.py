@@ -86,7 +86,18 @@ def test_panel_height_follows_density_and_k_splits_when_panels_are_few():
     assert many.splits == 1
 
 
-def test_options_are_validated_and_default_selection_skips_it_until_measured():
+def test_selected_by_default_only_where_measured_faster():
+    def chosen(a, n):
+        return select(analyze(a), op="spmm", n=n).spec.family
+
+    assert chosen(random_csr(512, 4608, 0.2, seed=5), 128) == "panel_spmm"  # DLMC rn50 bottleneck shape
+    assert chosen(random_csr(512, 4608, 0.02, seed=5), 128) != "panel_spmm"  # 2 %: too little reuse
+    assert chosen(random_csr(512, 512, 0.5, seed=5), 128) != "panel_spmm"  # X fits L1 anyway
+    reason = select(analyze(random_csr(512, 512, 0.5, seed=5)), op="spmm", n=128).tried
+    assert any(r == "panel_spmm" and "columns" in why for r, _, why in reason)
+
+
+def test_options_are_validated():
     a = random_csr(300, 300, 0.2, seed=5)
     with pytest.raises(UnsupportedError, match="reuse=0"):
         spec_for(a, 32, reuse=0)

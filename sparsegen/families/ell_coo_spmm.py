@@ -30,7 +30,13 @@ BLOCK = 128  # threads per block in every step
 # Row-length CoV (std / mean) from which the hybrid is chosen. A starting point, not a measurement:
 # at CoV 1 the longest rows are typically several times the median, so a one-pass row-per-group
 # kernel spends most of its tail waiting on them. The lead re-tunes it from GPU timings.
-COV_MIN = 1.0
+# Row-length CoV from which the hybrid beats swizzled CSR (sputnik_spmm) on the H100: 4096 x 4096,
+# 10 % dense, lognormal row lengths (benchmarks/results/h100-80gb-hbm3/spmm_sweep_skewed_f32.json):
+# at n = 128 it wins from CoV 0.74 (0.127 vs 0.136 ms; 0.122 vs 0.175 at 0.97); at n = 32 sputnik
+# still wins at 1.17 (0.081 vs 0.094 ms), they tie at 1.33, and the hybrid wins at 1.57 (0.069 vs 0.084).
+COV_MIN = 0.75  # n >= WIDE_N
+COV_MIN_NARROW = 1.3  # n < WIDE_N
+WIDE_N = 128
 FULL_UNROLL_MAX = 16  # ELL widths up to this unroll completely (every slot's loads issued at once)
 UNROLL = 4  # otherwise the ELL and chunk loops unroll by this much
 
@@ -84,9 +90,10 @@ def _rule(stats, request: Request):
     if gate:
         return gate
     rl = stats.row_lengths
-    if rl.cov < COV_MIN:
-        return decline(f"row-length CoV {rl.cov:.2f} < {COV_MIN}: rows {rl.min}..{rl.max} nnz are even enough "
-                       f"for one pass")
+    cov_min = COV_MIN if request.n >= WIDE_N else COV_MIN_NARROW
+    if rl.cov < cov_min and request.option("family") != FAMILY:  # asked for by name: measure it anyway
+        return decline(f"row-length CoV {rl.cov:.2f} < {cov_min} (n={request.n}): rows {rl.min}..{rl.max} nnz are "
+                       f"even enough for one pass")
     p50 = stats.row_length_percentiles["p50"]
     width = FORMAT.width_from_median(p50)
     if rl.max <= width:
@@ -96,7 +103,8 @@ def _rule(stats, request: Request):
         return decline(f"ELL block of {width} x {stats.shape[0]} slots needs 64-bit offsets")
     spec = make_spec(request.dtype, request.n, width, bias=request.bias, relu=request.relu)
     loop = "fully unrolled" if spec.unroll == width else f"unrolled by {spec.unroll}"
-    reason = (f"row-length CoV {rl.cov:.2f} >= {COV_MIN} (rows {rl.min}..{rl.max} nnz, median {p50:g}): "
+    compare = ">=" if rl.cov >= cov_min else "< (asked for by name)"
+    reason = (f"row-length CoV {rl.cov:.2f} {compare} {cov_min} (rows {rl.min}..{rl.max} nnz, median {p50:g}): "
               f"ELL width {width} = median row, at least {FORMAT.MIN_WIDTH} (fewest padded slots + tail "
               f"entries; at least half the rows fit whole, {loop}); rows over {width} spill to COO chunks of "
               f"<= {spec.chunk}; "

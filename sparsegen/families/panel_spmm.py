@@ -32,6 +32,12 @@ X_TILE_BYTES = 32 * 1024
 BLOCKS_PER_SM = 2  # blocks wanted per SM (the shared memory of two stages allows two)
 PAIR_SLACK = 1.25  # staged capacity over the expected segment; longer segments read the rest from L2
 FINISH_THREADS = 256
+# Where it beat csr_rowsplit and sputnik_spmm in the H100 sweep over every 5th DLMC matrix at
+# n = 32..1024 (benchmarks/results/h100-80gb-hbm3/spmm_sweep_panel_f32.json): 2048-4608 columns at
+# 8-20 % density (1.2-2x). At 2-3.5 % a staged X row serves too few nonzeros to pay for its copy;
+# with 512 columns X stays in L1 anyway and the CSR kernels tie or win.
+MIN_DENSITY = 0.05
+MIN_K = 2048
 
 
 @dataclass(frozen=True)
@@ -143,8 +149,10 @@ def _rule(stats, request: Request):
         return decline(f"options reuse={reuse!r}: expected an integer from 1 to 256")
     if not (isinstance(per_sm, int) and 1 <= per_sm <= 64):
         return decline(f"options blocks_per_sm={per_sm!r}: expected an integer from 1 to 64")
-    if request.option("family") != FAMILY:
-        return decline("not yet measured against csr_rowsplit / sputnik_spmm: runs when asked for")
+    (_, k), density = stats.shape, stats.density
+    if request.option("family") != FAMILY and (density < MIN_DENSITY or k < MIN_K):
+        return decline(f"density {density:.3f}, {k} columns: below density >= {MIN_DENSITY} with >= {MIN_K} "
+                       f"columns, where it was measured faster than csr_rowsplit and sputnik_spmm")
     return accept(*choose(stats, request, reuse=reuse, blocks_per_sm=per_sm))
 
 
