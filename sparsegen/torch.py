@@ -1,0 +1,353 @@
+"""PyTorch use: `SparseLinear`, a pruned `torch.nn.Linear` whose product runs in sparsegen kernels,
+and `sparsify(model, sparsity)`, which swaps a model's Linear layers for it. Inference only.
+
+    import sparsegen.torch as sgt
+    layer = sgt.SparseLinear.from_dense(linear, sparsity=0.7)   # prune, keep W as CSR
+    y = layer(x)                                                # x: CUDA tensor (..., in_features)
+    report = sgt.sparsify(model, 0.7, include=lambda name: ".encoder." in name)
+
+Layout. nn.Linear computes y = x·Wᵀ + b for row-major x (..., K); every sparsegen spmm family
+computes Y = W·X for a row-major (C-contiguous) X of shape (K, N), so no kernel can read x in
+place. `forward` therefore
+  1. views x as (N, K) (free for contiguous x),
+  2. copies xᵀ into a contiguous (K, N) buffer on the GPU: the one copy per call, N·K elements
+     (skipped when xᵀ is already contiguous: N = 1, or x is the transposed view step 4 returns),
+  3. runs the kernel (bias fused) into a fresh (M, N) tensor,
+  4. returns Yᵀ as a view of shape (..., M): no copy, but not contiguous (strides (1, N)); splitting
+     its last dimension with `.view` works, merging needs `.reshape` or `.contiguous()`.
+No host round trip, and W is never copied per call: it is encoded and uploaded once per compiled
+kernel. Kernels are specialised by N, so one is compiled per distinct token count on first use
+(sparsegen's cache makes a repeat compile cheap) and the module keeps the last `max_kernels`.
+
+Streams: sparsegen launches on the legacy default stream. When PyTorch's current stream is
+another one, the default stream first waits for it and it then waits for the default stream (event
+waits on the GPU, never a host sync), so the result is ordered on the caller's stream.
+
+Importing `sparsegen` never imports torch; importing this module does.
+"""
+from __future__ import annotations
+
+import contextlib
+import numbers
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import scipy.sparse as sp
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - exercised only where torch is absent
+    raise ImportError("sparsegen.torch needs PyTorch: pip install torch") from exc
+
+from . import api, runtime
+from .errors import ShapeError, SparsegenError, UnsupportedError
+
+METHODS = ("magnitude",)
+BACKENDS = ("gpu", "emulate")
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+ALIGN_BYTES = 16  # the widest vector load any family makes of X (float4 / 8 halves)
+
+
+# ---- pruning ----------------------------------------------------------------------------------
+
+def check_sparsity(sparsity) -> float:
+    if isinstance(sparsity, bool) or not isinstance(sparsity, numbers.Real) or not 0.0 <= float(sparsity) < 1.0:
+        raise SparsegenError(f"sparsity must be a number in [0, 1) (the share of weights set to zero), "
+                             f"got {sparsity!r}")
+    return float(sparsity)
+
+
+def pruned_count(numel: int, sparsity: float) -> int:
+    """How many weights magnitude pruning zeroes: round(sparsity x numel), Python's rounding."""
+    return int(round(check_sparsity(sparsity) * numel))
+
+
+def magnitude_prune(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """A copy of `weight` with its round(sparsity·numel) smallest-magnitude entries set to zero.
+
+    Ties are broken by flat (row-major) index: among equal |w| the lower index is pruned first,
+    so the result is deterministic. The count of zeros is exactly round(sparsity·numel) unless
+    `weight` already held more zeros than that (they are the smallest, so they stay zero).
+    """
+    k = pruned_count(weight.numel(), sparsity)
+    flat = weight.detach().reshape(-1)
+    if not bool(torch.isfinite(flat).all()):
+        raise SparsegenError("weight contains NaN or inf: magnitude pruning needs finite weights")
+    # a stable sort keeps equal magnitudes in index order; float32 holds every 16-bit value exactly
+    order = torch.argsort(flat.float().abs(), stable=True)
+    pruned = flat.clone()
+    pruned[order[:k]] = 0
+    return pruned.view_as(weight)
+
+
+# ---- the layer --------------------------------------------------------------------------------
+
+def resolve_dtype(dtype, weight_dtype: torch.dtype) -> str:
+    """A sparsegen dtype name from a torch dtype, a name, or None (the weight's own dtype)."""
+    name = str(weight_dtype if dtype is None else dtype).replace("torch.", "")
+    if name not in DTYPES:
+        where = "the weight's dtype" if dtype is None else "dtype"
+        raise UnsupportedError(f"{where} {name}: SparseLinear computes in {', '.join(DTYPES)}"
+                               f"{' (pass dtype= to convert)' if dtype is None else ''}")
+    return name
+
+
+class SparseLinear(torch.nn.Module):
+    """y = x·Wᵀ + b with a sparse W, run by a sparsegen kernel compiled per token count N.
+
+    Build it with `from_dense` (prunes an nn.Linear) or from any weight whose zeros are the
+    pattern. W and the bias are kept on the host (CSR, bias as float32) to compile new kernels; the
+    device copies belong to the compiled kernels. Parameters: none (nothing to train; state_dict
+    is empty, rebuild with `from_dense`). `backend="gpu"` takes CUDA tensors; "emulate" takes CPU
+    tensors and runs sparsegen's NumPy emulator, the same plan the kernel reads (for tests).
+    See the module docstring for the layout mapping and its one copy.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, dtype=None,
+                 options: dict | None = None, tune: bool = False, backend: str = "gpu", max_kernels: int = 8):
+        super().__init__()
+        if weight.dim() != 2:
+            raise ShapeError(f"weight: expected a 2-D (out_features, in_features) tensor, "
+                             f"got shape {tuple(weight.shape)}")
+        if backend not in BACKENDS:
+            raise SparsegenError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+        if not (isinstance(max_kernels, int) and max_kernels >= 1):
+            raise SparsegenError(f"max_kernels must be a positive integer, got {max_kernels!r}")
+        if options and "out" in options:  # a Linear returns its input's dtype; the kernel writes into that
+            raise UnsupportedError(f"options out={options['out']!r}: SparseLinear returns the layer's dtype")
+        self.dtype = resolve_dtype(dtype, weight.dtype)
+        self.out_features, self.in_features = (int(d) for d in weight.shape)
+        self.csr = _csr(weight, DTYPES[self.dtype])
+        self.bias = None if bias is None else _bias(bias, self.out_features, DTYPES[self.dtype])
+        self.options = dict(options or {})
+        self.tune = bool(tune)
+        self.backend = backend
+        self.max_kernels = max_kernels
+        self._kernels: OrderedDict[int, api.Kernel] = OrderedDict()
+
+    @classmethod
+    def from_dense(cls, linear: torch.nn.Linear, sparsity: float, method: str = "magnitude", dtype=None,
+                   options: dict | None = None, tune: bool = False, backend: str = "gpu",
+                   max_kernels: int = 8) -> "SparseLinear":
+        """Prune `linear` (keep the largest |w|: round(sparsity·numel) weights become zero, see
+        `magnitude_prune`) and wrap it. `dtype` (default: the weight's) is what the kernel computes
+        in; `options` and `tune` go to `sparsegen.compile` for every N."""
+        if not isinstance(linear, torch.nn.Linear):
+            raise SparsegenError(f"from_dense takes a torch.nn.Linear, got {type(linear).__name__}")
+        check_sparsity(sparsity)
+        if method not in METHODS:
+            raise SparsegenError(f"method {method!r}: expected one of {', '.join(METHODS)}")
+        resolve_dtype(dtype, linear.weight.dtype)  # fail before the sort on an unusable dtype
+        return cls(magnitude_prune(linear.weight, sparsity), linear.bias, dtype=dtype, options=options, tune=tune,
+                   backend=backend, max_kernels=max_kernels)
+
+    # -- what it holds ---------------------------------------------------------------------------
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def nnz(self) -> int:
+        return int(self.csr.nnz)
+
+    @property
+    def sparsity(self) -> float:
+        """The share of W that is zero."""
+        return 1.0 - self.nnz / max(self.in_features * self.out_features, 1)
+
+    @property
+    def specs(self) -> dict:
+        """{N: spec name} of the kernels compiled so far (most recently used last)."""
+        return {n: k.spec.name for n, k in self._kernels.items()}
+
+    def dense_weight(self, device=None) -> torch.Tensor:
+        """The pruned W as a dense tensor in the layer's dtype (a copy: for references and tests)."""
+        return torch.from_numpy(self.csr.toarray()).to(device=device, dtype=self.torch_dtype)
+
+    def to_linear(self, device=None) -> torch.nn.Linear:
+        """A dense nn.Linear holding the pruned weights in the layer's dtype: the reference."""
+        linear = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
+                                 device=device, dtype=self.torch_dtype)
+        with torch.no_grad():
+            linear.weight.copy_(self.dense_weight(device))
+            if self.bias is not None:
+                linear.bias.copy_(torch.from_numpy(self.bias))
+        return linear
+
+    def kernel(self, n: int) -> api.Kernel:
+        """The kernel for N = n columns, compiled on first use; the oldest is dropped past max_kernels."""
+        if n in self._kernels:
+            self._kernels.move_to_end(n)
+            return self._kernels[n]
+        kernel = api.compile(self.csr, op="spmm", n=n, dtype=self.dtype, bias=self.bias, options=self.options,
+                             backend=self.backend, tune=self.tune)
+        self._kernels[n] = kernel
+        while len(self._kernels) > self.max_kernels:
+            self._kernels.popitem(last=False)
+        return kernel
+
+    # -- forward ---------------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x)
+        lead = tuple(x.shape[:-1])
+        x2 = x.reshape(-1, self.in_features)
+        n = x2.shape[0]
+        if n == 0:
+            return x.new_empty(lead + (self.out_features,))
+        xt = _kernel_operand(x2.t())
+        y = self._run_emulated(xt, n) if self.backend == "emulate" else self._run_gpu(xt, n)
+        return y.t().view(lead + (self.out_features,))  # Yᵀ as a view: see the module docstring
+
+    def _check_input(self, x):
+        if not isinstance(x, torch.Tensor):
+            raise ShapeError(f"SparseLinear takes a torch.Tensor, got {type(x).__name__}")
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ShapeError(f"input: expected shape (..., {self.in_features}), got {tuple(x.shape)}")
+        if x.dtype != self.torch_dtype:
+            given = str(x.dtype).replace("torch.", "")
+            raise ShapeError(f"input: expected dtype {self.dtype} (the layer's), got {given}")
+        if self.backend == "gpu" and not x.is_cuda:
+            raise ShapeError(f"input is on {x.device}, but this layer runs sparsegen's GPU kernel: move it to CUDA, "
+                             f"or build the layer with backend='emulate' for CPU tensors")
+        if self.backend == "emulate" and x.device.type != "cpu":
+            raise ShapeError(f"input is on {x.device}, but backend='emulate' runs on the host: pass a CPU tensor")
+        if x.is_cuda and x.device.index != runtime.device_ordinal():
+            raise ShapeError(f"input is on {x.device}, but sparsegen runs on cuda:{runtime.device_ordinal()} "
+                             f"(set {runtime.ENV_DEVICE}={x.device.index})")
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise UnsupportedError("SparseLinear is inference-only (its kernels have no backward): "
+                                   "run under torch.no_grad() or torch.inference_mode()")
+
+    def _run_gpu(self, xt: torch.Tensor, n: int) -> torch.Tensor:
+        kernel = self.kernel(n)
+        y = torch.empty((self.out_features, n), dtype=self.torch_dtype, device=xt.device)
+        with _ordered_on_current_stream(xt.device):
+            kernel(xt, out=y)
+        return y
+
+    def _run_emulated(self, xt: torch.Tensor, n: int) -> torch.Tensor:
+        # NumPy has no bfloat16: the emulator takes and returns float32 holding bf16 values
+        host = xt.float() if self.dtype == "bfloat16" else xt
+        y = self.kernel(n)(host.numpy())
+        return torch.from_numpy(y).to(self.torch_dtype)
+
+    def extra_repr(self) -> str:
+        specs = ", ".join(f"n={n}: {name}" for n, name in self.specs.items()) or "none yet"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"dtype={self.dtype}, sparsity={self.sparsity:.3f}, backend={self.backend}, kernels=[{specs}]")
+
+
+def _csr(weight: torch.Tensor, dtype: torch.dtype) -> sp.csr_matrix:
+    """W in `dtype` (rounded as a dense layer of that dtype would hold it), stored as float32 CSR:
+    scipy has no 16-bit floats, and float32 holds every fp16/bf16 value exactly."""
+    w = weight.detach().to(device="cpu", dtype=dtype)
+    if not bool(torch.isfinite(w).all()):
+        raise SparsegenError(f"weight has NaN or inf in {str(dtype).replace('torch.', '')}")
+    csr = sp.csr_matrix(w.float().numpy())
+    csr.sort_indices()
+    return csr
+
+
+def _bias(bias: torch.Tensor, m: int, dtype: torch.dtype) -> np.ndarray:
+    """The bias rounded to the layer's dtype (as the dense layer holds it), as float32 for the kernel."""
+    if tuple(bias.shape) != (m,):
+        raise ShapeError(f"bias: expected shape ({m},), got {tuple(bias.shape)}")
+    b = bias.detach().to(device="cpu", dtype=dtype)
+    if not bool(torch.isfinite(b).all()):
+        raise SparsegenError(f"bias has NaN or inf in {str(dtype).replace('torch.', '')}")
+    return np.ascontiguousarray(b.float().numpy())
+
+
+def _kernel_operand(xt: torch.Tensor) -> torch.Tensor:
+    """xᵀ as the kernel reads X: C-contiguous and aligned for vector loads. A copy unless it already
+    is (a fresh allocation is aligned; a view into the middle of a tensor may not be)."""
+    if xt.is_contiguous() and xt.data_ptr() % ALIGN_BYTES == 0:
+        return xt
+    return xt.clone(memory_format=torch.contiguous_format)
+
+
+@contextlib.contextmanager
+def _ordered_on_current_stream(device):
+    """sparsegen launches on the legacy default stream; order it after and before PyTorch's current
+    stream when that is another one (GPU-side waits, no host sync)."""
+    current, default = torch.cuda.current_stream(device), torch.cuda.default_stream(device)
+    if current == default:
+        yield
+        return
+    default.wait_stream(current)
+    yield
+    current.wait_stream(default)
+
+
+# ---- whole models -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LayerReport:
+    """One replaced layer: its name in the model, shape, kept weights, and (live) compiled specs."""
+
+    name: str
+    in_features: int
+    out_features: int
+    nnz: int
+    bias: bool
+    module: SparseLinear = field(repr=False, compare=False)
+
+    @property
+    def sparsity(self) -> float:
+        return 1.0 - self.nnz / max(self.in_features * self.out_features, 1)
+
+    @property
+    def specs(self) -> dict:
+        """{N: spec name} of the layer's kernels compiled so far."""
+        return self.module.specs
+
+
+@dataclass(frozen=True)
+class SparsifyReport:
+    """What `sparsify` replaced, in model order."""
+
+    sparsity: float  # as requested
+    layers: tuple
+
+    def table(self) -> str:
+        """One line per layer: name, shape, achieved sparsity, and the kernels compiled so far."""
+        width = max((len(r.name) for r in self.layers), default=4)
+        lines = [f"{'layer':<{width}}  {'out x in':>11}  sparsity  kernels (n: spec)"]
+        for r in self.layers:
+            specs = "; ".join(f"{n}: {name}" for n, name in r.specs.items()) or "-"
+            lines.append(f"{r.name:<{width}}  {r.out_features:>5} x {r.in_features:<5}  {r.sparsity:8.4f}  {specs}")
+        return "\n".join(lines)
+
+
+def sparsify(model: torch.nn.Module, sparsity: float, *, include: Callable[[str], bool] | None = None,
+             method: str = "magnitude", dtype=None, options: dict | None = None, tune: bool = False,
+             backend: str = "gpu", precompile=(), max_kernels: int = 8) -> SparsifyReport:
+    """Replace every nn.Linear of `model` (those whose qualified name `include` accepts, when given)
+    by `SparseLinear.from_dense(...)`, in place; returns a report of what changed.
+
+    `precompile`: token counts N to compile each layer's kernel for now (so the report lists the
+    specs); otherwise kernels compile on first forward.
+    """
+    check_sparsity(sparsity)
+    targets = [(name, m) for name, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and (include is None or include(name))]
+    if any(name == "" for name, _ in targets):
+        raise SparsegenError("sparsify replaces Linear submodules; wrap a bare Linear with SparseLinear.from_dense")
+    if not targets:
+        raise SparsegenError("sparsify: no torch.nn.Linear in the model"
+                             f"{' matches include' if include is not None else ''}")
+    layers = []
+    for name, linear in targets:
+        layer = SparseLinear.from_dense(linear, sparsity, method=method, dtype=dtype, options=options, tune=tune,
+                                        backend=backend, max_kernels=max_kernels)
+        for n in precompile:
+            layer.kernel(int(n))
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, layer)
+        layers.append(LayerReport(name, layer.in_features, layer.out_features, layer.nnz, layer.bias is not None,
+                                  layer))
+    return SparsifyReport(float(sparsity), tuple(layers))
