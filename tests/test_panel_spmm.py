@@ -91,6 +91,8 @@ def test_selected_by_default_only_where_measured_faster():
         return select(analyze(a), op="spmm", n=n).spec.family
 
     assert chosen(random_csr(512, 4608, 0.2, seed=5), 128) == "panel_spmm"  # DLMC rn50 bottleneck shape
+    fp16 = select(analyze(random_csr(512, 4608, 0.2, seed=5)), op="spmm", n=128, dtype="float16").spec
+    assert fp16.family != "panel_spmm"  # measured slower in fp16
     assert chosen(random_csr(512, 4608, 0.02, seed=5), 128) != "panel_spmm"  # 2 %: too little reuse
     assert chosen(random_csr(512, 512, 0.5, seed=5), 128) != "panel_spmm"  # X fits L1 anyway
     reason = select(analyze(random_csr(512, 512, 0.5, seed=5)), op="spmm", n=128).tried
