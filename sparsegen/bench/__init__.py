@@ -264,8 +264,8 @@ def _driver_version():
     return None
 
 
-def gpu_environment() -> dict:
-    """GPU name, driver, CUDA version (torch's); SparsegenError when torch/CUDA is missing."""
+def cuda_torch():
+    """torch, imported, with a visible GPU; SparsegenError naming what is missing otherwise."""
     try:
         import torch
     except ImportError as exc:
@@ -274,6 +274,12 @@ def gpu_environment() -> dict:
     if not torch.cuda.is_available():
         raise SparsegenError("sparsegen bench needs PyTorch with CUDA and a visible GPU: "
                              "torch.cuda.is_available() is False")
+    return torch
+
+
+def gpu_environment() -> dict:
+    """GPU name, driver, CUDA version (torch's); SparsegenError when torch/CUDA is missing."""
+    torch = cuda_torch()
     dev = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(dev)
     return {

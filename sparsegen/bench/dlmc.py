@@ -462,15 +462,9 @@ class GpuExecutor:
     """Measures cases on the current CUDA device with torch (and CuPy when importable)."""
 
     def __init__(self, timer=None):
-        try:
-            import torch
-        except ImportError as exc:
-            raise SparsegenError(
-                "sparsegen bench needs PyTorch with CUDA (import torch failed: "
-                f"{exc}); install a CUDA build of torch") from exc
-        if not torch.cuda.is_available():
-            raise SparsegenError("sparsegen bench needs PyTorch with CUDA and a visible GPU: "
-                                 "torch.cuda.is_available() is False")
+        from sparsegen.bench import cuda_torch
+
+        torch = cuda_torch()
         import sparsegen
 
         from sparsegen.bench.timing import time_cuda

@@ -146,24 +146,7 @@ def _width_label(w):
 
 def markdown(doc: dict, *, png_name: str | None = None, png_note: str | None = None) -> str:
     cases = doc["cases"]
-    L = [f"# sparsegen benchmark: `{doc['suite']}`", ""]
-    L += [f"Command: `{doc.get('command')}`", ""]
-    rev = doc.get("revision")
-    rev = f"`{rev[:12]}`" if rev else "none (no commit)"
-    if (doc.get("environment") or {}).get("revision_dirty"):
-        rev += " + local changes"
-    L += ["| GPU | driver | CUDA | revision | date |", "|---|---|---|---|---|",
-          f"| {doc.get('gpu')} | {doc.get('driver') or '–'} | {doc.get('cuda') or '–'} | "
-          f"{rev} | {doc.get('date')} |", ""]
-    if doc.get("runs"):
-        L += [f"Assembled from {len(doc['runs'])} runs (`--resume`): "
-              + "; ".join(f"`{r}`" for r in doc["runs"]), ""]
-    if doc.get("truncated"):
-        why = doc.get("aborted") or ("interrupted" if doc.get("interrupted")
-                                     else "stopped at the --max-minutes deadline; "
-                                          "`--resume` runs the rest")
-        L += [f"**Truncated run** ({why}): {len(cases)} of {doc.get('cases_planned', '?')} "
-              "planned cases ran.", ""]
+    L = header_lines(doc)
     L += ["Times are medians of single launches timed with CUDA events (GPU time only; "
           "see `sparsegen/bench/timing.py`). Speedup = baseline time ÷ sparsegen time. "
           "cuSPARSE = `torch.mm` of a `torch.sparse_csr_tensor` with int32 indices "
