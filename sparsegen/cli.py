@@ -13,7 +13,7 @@ from .errors import SparsegenError
 def _request_args(p: argparse.ArgumentParser, n_default: int | None = 128):
     p.add_argument("--op", default="spmm", help="operation (default spmm)")
     p.add_argument("--n", type=int, default=n_default, help="columns of the dense operand (default %(default)s)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--bias", type=float, default=None, help="fuse a bias (one value for every row)")
     p.add_argument("--relu", action="store_true", help="fuse ReLU after the bias")
     p.add_argument("--format", default=None, help="input format (default: from the extension)")
@@ -102,21 +102,32 @@ def _stats_and_selection(args):
     csr = as_csr(_load(args))
     stats = analyze(csr)
     request = Request(op=args.op, n=args.n, dtype=args.dtype, bias=args.bias is not None, relu=args.relu)
-    return csr, stats, select_request(stats, request)
+    return csr, stats, request, select_request(stats, request)
 
 
-def inspect_record(args, stats, selection) -> dict:
+def skinny_predictions(stats, request) -> tuple:
+    """The cost model's predicted times behind an fp16/bf16 spmm selection, fastest first, else ()."""
+    if request.op != "spmm" or request.dtype not in ("float16", "bfloat16"):
+        return ()
+    from .families import skinny_cost
+
+    return skinny_cost.compare(stats, request).predictions
+
+
+def inspect_record(args, stats, selection, predicted=()) -> dict:
     d = stats.to_dict()
     record = {"file": str(args.file)}
     record.update(d)
     record["selection"] = {"family": selection.spec.family, "spec": selection.spec.name,
                            "reason": selection.reason, "rule": selection.rule,
                            "candidates": [s.name for _, s, _ in selection.candidates],
-                           "tried": [{"rule": r, "accepted": ok, "reason": why} for r, ok, why in selection.tried]}
+                           "tried": [{"rule": r, "accepted": ok, "reason": why} for r, ok, why in selection.tried],
+                           "predicted": [{"family": p.family, "label": p.label, "ms": p.seconds * 1e3}
+                                         for p in predicted]}
     return record
 
 
-def format_stats(path, stats, selection) -> str:
+def format_stats(path, stats, selection, predicted=()) -> str:
     r, c = stats.row_lengths, stats.col_lengths
     pct = stats.row_length_percentiles
     fp = "; ".join(f"{f.block_rows} rows: mean {f.mean:.1f} max {f.max}" for f in stats.footprint)
@@ -135,6 +146,8 @@ def format_stats(path, stats, selection) -> str:
         f"selection   {selection.spec.name}  (rule {selection.rule})",
         f"reason      {selection.reason}",
     ]
+    if predicted:
+        lines.append(f"predicted   {', '.join(p.text for p in predicted)}  (cost model: families/skinny_cost.py)")
     for rule, ok, why in selection.tried:
         if rule != selection.rule:
             lines.append(f"  {'accepts' if ok else 'declines'} {rule}: {why}")
@@ -142,14 +155,15 @@ def format_stats(path, stats, selection) -> str:
 
 
 def cmd_inspect(args) -> int:
-    csr, stats, selection = _stats_and_selection(args)
+    csr, stats, request, selection = _stats_and_selection(args)
+    predicted = skinny_predictions(stats, request)
     if args.json:
-        record = inspect_record(args, stats, selection)
+        record = inspect_record(args, stats, selection, predicted)
         if args.source:
             record["source"] = _source(selection, stats, args)
         print(json.dumps(record, indent=2))
     else:
-        print(format_stats(args.file, stats, selection))
+        print(format_stats(args.file, stats, selection, predicted))
         if args.source:
             print()
             print(_source(selection, stats, args))

@@ -112,8 +112,9 @@ def load_function(key: str, cubin: bytes, name: str, shared_bytes: int = 0):
             raise LaunchError(f"cannot load kernel {name}: {exc}") from exc
         funcs[(key, name)] = (module, func)
     func = funcs[(key, name)][1]
-    if shared_bytes > 48 * 1024:  # opt-in needed past the default 48 KB of dynamic shared memory
-        drv = _driver()
+    drv = _driver()
+    static = func.get_attribute(drv.function_attribute.SHARED_SIZE_BYTES)
+    if shared_bytes + static > 48 * 1024:  # opt-in needed past 48 KB, static shared memory included
         func.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes)
     return func
 
@@ -242,6 +243,140 @@ class _Prepared:
                          np.int32(plan.constants[a.name]) if a.kind == "int" else a.name for a in step.args]
         self.slots = [i for i, v in enumerate(self.template) if isinstance(v, str)]
 
+    def run(self, ptrs: dict, stream=None):
+        values = list(self.template)
+        for i in self.slots:
+            values[i] = ptrs[values[i]]
+        if stream is None:
+            self.func.prepared_call(self.grid, self.block, *values, shared_size=self.shared)
+        else:
+            self.func.prepared_async_call(self.grid, self.block, stream, *values, shared_size=self.shared)
+
+
+# ---- library steps (the dense fallback's cuBLAS GEMM) ------------------------------------------
+
+class _DeviceBuffer:
+    """`__cuda_array_interface__` over a raw device pointer, so PyTorch and CuPy can view a PyCUDA
+    allocation (or any caller's buffer) in place. 16-bit elements travel as int16 and are
+    reinterpreted: the interface has no bfloat16."""
+
+    def __init__(self, ptr: int, shape: tuple, typestr: str):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (int(ptr), False),
+                                         "strides": None, "version": 2}
+
+
+class _Binding:
+    """What both cuBLAS bindings share: views of device buffers, kept by (pointer, shape) because a
+    kernel's calls usually reuse the same few buffers and building a view costs more than the call."""
+
+    VIEWS = 16
+
+    def __init__(self):
+        self.views: dict = {}
+
+    def view(self, ptr: int, shape: tuple):
+        key = (ptr, shape)
+        if key not in self.views:
+            if len(self.views) >= self.VIEWS:
+                self.views.pop(next(iter(self.views)))  # the oldest
+            self.views[key] = self.wrap(ptr, shape)
+        return self.views[key]
+
+
+class _TorchBlas(_Binding):
+    """cuBLAS through PyTorch: `torch.matmul(a, b, out=c)` on views of the device buffers."""
+
+    def __init__(self, dtype: str):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise LaunchError("the dense fallback calls cuBLAS through PyTorch, which sees no CUDA device here")
+        super().__init__()
+        self.torch = torch
+        self.dtype = getattr(torch, dtype)
+        self.device = torch.device("cuda", device_ordinal())
+        self.streams: dict = {}
+
+    def wrap(self, ptr: int, shape: tuple):
+        return self.torch.as_tensor(_DeviceBuffer(ptr, shape, "<i2"), device=self.device).view(self.dtype)
+
+    def matmul(self, a, b, c, stream=None):
+        """On `stream` (a PyCUDA stream), else on the legacy default stream the kernels use, whatever
+        stream PyTorch has made current."""
+        handle = 0 if stream is None else int(stream.handle)
+        if handle not in self.streams:
+            self.streams[handle] = (self.torch.cuda.default_stream(self.device) if handle == 0 else
+                                    self.torch.cuda.ExternalStream(handle, device=self.device))
+        with self.torch.cuda.stream(self.streams[handle]):
+            self.torch.matmul(a, b, out=c)
+
+
+class _CupyBlas(_Binding):
+    """cuBLAS through CuPy: `cupy.matmul(a, b, out=c)` (float16 only: CuPy has no bfloat16)."""
+
+    def __init__(self, dtype: str):
+        import cupy
+
+        if dtype != "float16":
+            raise LaunchError(f"CuPy has no {dtype}: install torch for the bfloat16 dense fallback")
+        super().__init__()
+        self.cupy = cupy
+
+    def wrap(self, ptr: int, shape: tuple):
+        return self.cupy.asarray(_DeviceBuffer(ptr, shape, "<f2"))
+
+    def matmul(self, a, b, c, stream=None):
+        s = self.cupy.cuda.Stream.null if stream is None else self.cupy.cuda.ExternalStream(int(stream.handle))
+        with s:
+            self.cupy.matmul(a, b, out=c)
+
+
+BLAS = {"torch": _TorchBlas, "cupy": _CupyBlas}
+
+
+def blas(library: str, dtype: str):
+    """The binding the spec names, else another that has `dtype`; LaunchError naming what each lacks."""
+    ensure_context()  # PyCUDA's primary context current: the one PyTorch and CuPy use
+    problems = []
+    for lib in [library] + [other for other in BLAS if other != library]:
+        try:
+            return BLAS[lib](dtype)
+        except ImportError:
+            problems.append(f"{lib} is not importable")
+        except LaunchError as exc:
+            problems.append(str(exc))
+    raise LaunchError(f"the dense fallback (dense_gemm) calls cuBLAS through PyTorch or CuPy: {'; '.join(problems)}. "
+                      f"pip install torch (or cupy-cuda12x, float16 only), force a sparse family with "
+                      f"options={{'family': ...}}, or use backend='emulate'")
+
+
+class _PreparedGemm:
+    """A `LibraryGemm` step: the binding loaded and the plan's operand viewed once; the call's
+    operands are viewed per call (cached by pointer)."""
+
+    def __init__(self, step, device_plan):
+        self.name = step.kernel
+        self.empty = 0 in (step.m, step.n)
+        a, b, c = step.args
+        self.operands = ((a.name, (step.m, step.k)), (b.name, (step.k, step.n)), (c.name, (step.m, step.n)))
+        self.blas = blas(step.library, step.dtype) if not self.empty else None
+        self.fixed = {name: self.blas.view(int(device_plan[arg.name]), shape)
+                      for arg, (name, shape) in zip(step.args, self.operands)
+                      if arg.kind == "plan" and not self.empty}
+
+    def run(self, ptrs: dict, stream=None):
+        a, b, c = (self.fixed[name] if name in self.fixed else self.blas.view(ptrs[name], shape)
+                   for name, shape in self.operands)
+        self.blas.matmul(a, b, c, stream)
+
+
+def _prepare(kernel, step, device_plan, plan):
+    from .families.base import LibraryGemm
+
+    if isinstance(step, LibraryGemm):
+        return _PreparedGemm(step, device_plan)
+    return _Prepared(kernel, step, device_plan, plan)
+
 
 class Launcher:
     """Everything about a kernel's launch that does not change between calls, worked out once:
@@ -255,22 +390,15 @@ class Launcher:
         all_steps = steps(fam, spec, plan)
         self.scratch = scratch_buffers(all_steps, plan)
         device_plan = {**kernel.device_arrays(), **self.scratch}
-        self.steps = [_Prepared(kernel, step, device_plan, plan) for step in all_steps]
+        self.steps = [_prepare(kernel, step, device_plan, plan) for step in all_steps]
         self.empty = all(s.empty for s in self.steps)
 
     def launch(self, ptrs: dict, stream=None):
         for step in self.steps:
             if step.empty:
                 continue
-            values = list(step.template)
-            for i in step.slots:
-                values[i] = ptrs[values[i]]
             try:
-                if stream is None:
-                    step.func.prepared_call(step.grid, step.block, *values, shared_size=step.shared)
-                else:
-                    step.func.prepared_async_call(step.grid, step.block, stream, *values,
-                                                  shared_size=step.shared)
+                step.run(ptrs, stream)
             except Exception as exc:
                 raise LaunchError(f"launch of {self.name} ({step.name}) failed: {exc}") from exc
 

@@ -77,9 +77,11 @@ def candidate_families(request) -> list[str]:
     from .families import ORDER
 
     only = request.option("family")
-    # Families run by a driver of their own (DRIVER) cannot be timed as a single call.
+    # Families run by a driver of their own (DRIVER) cannot be timed as a single call, and a family
+    # that says it cannot run here (`unavailable`: the dense fallback without torch or CuPy) is skipped.
     return [fam.FAMILY for fam in ORDER
-            if (only is None or fam.FAMILY == only) and not getattr(fam, "DRIVER", None)]
+            if (only is None or fam.FAMILY == only) and not getattr(fam, "DRIVER", None)
+            and not (hasattr(fam, "unavailable") and fam.unavailable(request))]
 
 
 def time_kernel(kernel, runs: int = RUNS) -> float:

@@ -33,7 +33,7 @@ def test_inspect_graph_challenge_layer(capsys, examples_dir):
 
 def test_inspect_json_has_the_documented_keys(capsys, examples_dir):
     code, out, _ = run(capsys, "inspect", examples_dir / "dlmc-transformer-mp0.9-encoder0-ffn1.smtx.gz",
-                       "--json", "--n", "32", "--dtype", "float16")
+                       "--json", "--n", "32", "--dtype", "float32")
     record = json.loads(out)
     for k in ("shape", "nnz", "density", "row_lengths", "footprint", "ell_padding", "tiles",
               "structure_hash", "selection"):
@@ -41,7 +41,7 @@ def test_inspect_json_has_the_documented_keys(capsys, examples_dir):
     assert record["shape"] == [2048, 512] and record["nnz"] == 104857
     assert set(record["row_lengths"]) >= {"min", "max", "mean", "std", "cov", "empty"}
     assert record["selection"]["family"] == "csr_rowsplit"
-    assert record["selection"]["spec"].startswith("csr_rowsplit.f16.n32.v8.c2k16")
+    assert record["selection"]["spec"].startswith("csr_rowsplit.f32.n32.v4.c4k8")
     assert record["selection"]["reason"]
 
 

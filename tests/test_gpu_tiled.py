@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sparsegen
+from sparsegen.errors import UnsupportedError
 
 from .helpers import random_csr, reference, rel_error
 from .tiled_helpers import TOL, host_x, rounded_half
@@ -29,7 +30,13 @@ def torch_cuda():
 
 
 def run_check(a, n, family, dtype="float16", bias=None, relu=False, seed=0, calls=1, **options):
-    """Compile for the GPU, run (NumPy for fp16, torch tensors for bf16), compare with float64 scipy."""
+    """Compile for the GPU, run (NumPy for fp16, torch tensors for bf16), compare with float64 scipy.
+    Bitmap declines odd N (tiled_bitmap_spmm.gate): that is checked instead, and None returned."""
+    if family == "tiled_bitmap_spmm" and n % 2 == 1:
+        with pytest.raises(UnsupportedError, match="is odd"):
+            sparsegen.compile(a, n=n, dtype=dtype, bias=bias, relu=relu, backend="gpu",
+                              options={"family": family, **options})
+        return None
     kernel = sparsegen.compile(a, n=n, dtype=dtype, bias=bias, relu=relu, backend="gpu",
                                options={"family": family, **options})
     x = host_x(np.random.default_rng(seed), a.shape[1], n, dtype)
@@ -92,12 +99,61 @@ def test_empty_and_dense_tiles_with_residues(family, n):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("reduction", ["atomic", "two_step"])
+@pytest.mark.parametrize("reduction", ["atomic", "two_step", "cluster"])
 @pytest.mark.parametrize("n", [1, 12, 64])
 def test_split_k_reductions_and_repeat_calls(family, reduction, n):
     a = random_csr(300, 2000, 0.3, seed=4)
     kernel = run_check(a, n, family, bias=np.ones(300), calls=3, split_k=5, reduction=reduction)
-    assert kernel.spec.split_k == 5 and kernel.spec.reduction == reduction
+    assert kernel is None or (kernel.spec.split_k == 5 and kernel.spec.reduction == reduction)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("split_k", [2, 3, 7, 8])
+def test_cluster_reduction_sizes_residues_and_relu(family, split_k):
+    """Thread block clusters of 2..8 blocks (K not a multiple of the split, rows and columns past the
+    last tile) reduce in distributed shared memory; bias + ReLU applied once, by the finishing block."""
+    a = random_csr(333, 64 * 17 + 5, 0.35, seed=20 + split_k)
+    kernel = run_check(a, 24, family, bias=np.linspace(-2, 2, 333), relu=True, calls=2, split_k=split_k,
+                       reduction="cluster")
+    k_tiles = -(-a.shape[1] // 64)  # the factor is lowered until no split is left empty
+    assert kernel.spec.reduction == "cluster" and kernel.spec.split_k == -(-k_tiles // -(-k_tiles // split_k))
+    kernel = run_check(a, 40, family, dtype="bfloat16", split_k=split_k, reduction="cluster", out="float32")
+    assert kernel.spec.out == "f32"
+
+
+def test_split_past_the_cluster_limit_falls_back_to_atomics():
+    a = random_csr(256, 64 * 40, 0.3, seed=21)
+    kernel = run_check(a, 16, "tiled_csl_spmm", split_k=10)
+    assert kernel.spec.split_k == 10 and kernel.spec.reduction in ("atomic", "two_step")
+
+
+@pytest.mark.parametrize("stages", [3, 4, 8])
+@pytest.mark.parametrize("n", [8, 33, 64])
+def test_csl_ring_depths_prefetch_and_slot_overflow(stages, n):
+    """Ring depths, without the L2 prefetch, and slots too small for the fuller tiles (their rest
+    comes from global memory) all give the same product."""
+    a = sp.csr_matrix(sp.block_diag([np.ones((128, 64)), random_csr(300, 64 * 11, 0.3, seed=22).toarray()]))
+    run_check(a, n, "tiled_csl_spmm", stages=stages)
+    run_check(a, n, "tiled_csl_spmm", stages=stages, l2_prefetch=False, cap_vecs=24, split_k=3,
+              reduction="cluster")
+    run_check(a, n, "tiled_csl_spmm", stages=stages, cap_vecs=1, tile_m=64)
+
+
+@pytest.mark.parametrize("stages", [2, 3, 8])
+@pytest.mark.parametrize("tile_m", [64, 128, 256])
+def test_bitmap_ring_depths_and_tile_heights(stages, tile_m):
+    a = random_csr(600, 64 * 13 + 3, 0.4, seed=23)
+    run_check(a, 16, "tiled_bitmap_spmm", stages=stages, tile_m=tile_m)
+    run_check(a, 32, "tiled_bitmap_spmm", stages=stages, tile_m=tile_m, split_k=4, reduction="cluster",
+              l2_prefetch=False)
+
+
+def test_fully_dense_fragments_decode_exactly():
+    """A dense 16 x 16 fragment has 256 values: the packed lane scan reaches 256 at lane 31."""
+    a = sp.csr_matrix(np.random.default_rng(24).standard_normal((256, 256)))
+    for family in FAMILIES:
+        for tile_m in (64, 128, 256):
+            run_check(a, 16, family, tile_m=tile_m)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -137,9 +193,14 @@ def test_torch_fp16_zero_copy_and_out_argument():
 
 
 def test_tuned_kernel_on_a_pruned_weight():
-    """tune=True times the tiled families beside the CSR kernels and keeps the fastest."""
+    """tune=True times the tiled families beside the CSR kernels and dense cuBLAS (where torch or
+    CuPy is importable) and keeps the fastest."""
+    from sparsegen.families import dense_gemm
+
     a = fast_random(3072, 8192, 0.3, seed=11)
     kernel = sparsegen.compile(a, n=32, dtype="float16", backend="gpu", tune=True)
-    assert {t.family for t in kernel.tuning} >= set(FAMILIES)
+    dense = {"dense_gemm"} if dense_gemm.find_library("float16") else set()
+    assert {t.family for t in kernel.tuning} >= set(FAMILIES) | dense
+    assert kernel.spec.family == min(kernel.tuning, key=lambda t: t.ms).family
     x = host_x(np.random.default_rng(0), 8192, 32, "float16")
     assert rel_error(kernel(x), reference(rounded_half(a, "float16"), x.astype(np.float32))) <= TOL["float16"]

@@ -2,6 +2,7 @@
 against scipy, bf16, the selection rule, split-K steps, and (nvcc tier) every code shape compiles."""
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 
@@ -76,7 +77,8 @@ def test_round_trip_and_layout_invariants(m, k, density, tile_m, dtype, strict, 
     grid_tiles = -(-m // tile_m) * -(-k // 64)
     assert offsets.size == grid_tiles + 1 and offsets[0] == 0 and np.all(np.diff(offsets) >= 0)
     assert words.size == 4 * offsets[-1] and words.dtype == np.uint32
-    pos = words >> 16
+    assert np.all((words >> 16) % 2 == 0)  # the high half is a byte offset: twice the half position
+    pos = words >> 17
     sink = tile_m * 64
     assert np.all(pos < sink + fmt.SINK_HALVES)
     pads = pos >= sink
@@ -136,7 +138,7 @@ def test_ldmatrix_of_the_scattered_tile_yields_the_a_fragments(tile_m):
     plan = fmt.encode(a, "float16", tile_m)
     smem = np.zeros(tile_m * 64 + fmt.SINK_HALVES, np.uint16)
     words = plan.arrays["words"]
-    smem[words >> 16] = words & 0xFFFF  # the scatter (padding writes the sink)
+    smem[words >> 17] = words & 0xFFFF  # the scatter: byte offset (high half) / 2 (padding writes the sink)
     w = halfbits.to_bits(a.toarray(), "float16")
     warp_rows = tile_m // 4
     lane = np.arange(32)
@@ -195,11 +197,15 @@ def test_rule_declines_what_tensor_core_tiles_cannot_do():
     s = analyze(random_csr(256, 256, 0.3, seed=9))
     rule = fam.RULES[0].decide
     for request, needle in [(dict(op="sddmm", n=8, k=8), "not spmm"), (dict(n=8, dtype="float32"), "float16/bfloat16"),
-                            (dict(n=300, dtype="float16"), "n=300 > 256"),
                             (dict(n=8, dtype="float16", options=(("out", "bfloat16"),)), "options out")]:
         req = sparsegen.families.base.Request(**{"op": "spmm", **request})
         d = rule(s, req)
         assert not d.accepted and needle in d.reason, d.reason
+    wide = rule(s, sparsegen.families.base.Request("spmm", n=300, dtype="float16"))
+    assert wide.accepted or "n=300" not in wide.reason  # small W: wide X re-reads W from L2
+    big = dataclasses.replace(s, shape=(4096, 4096))
+    d = rule(big, sparsegen.families.base.Request("spmm", n=300, dtype="float16"))
+    assert not d.accepted and "n=300 > 256 with W of 32 MB" in d.reason, d.reason
     sparse = analyze(random_csr(256, 256, 0.01, seed=9))
     d = rule(sparse, sparsegen.families.base.Request("spmm", n=8, dtype="float16"))
     assert not d.accepted and "density" in d.reason
@@ -208,10 +214,18 @@ def test_rule_declines_what_tensor_core_tiles_cannot_do():
 
 
 def test_spec_name_spells_every_parameter():
-    spec = fam.Spec("bf16", "f32", 7168, 28672, 24, 128, 32, 5, "atomic", True, False, 9, True)
-    assert spec.name == "tiled_csl_spmm.bf16.of32.m7168k28672n24.t128x64.bn32.sk5a.r9.sb.bias"
-    assert fam.Spec("f16", "f16", 64, 64, 8, 64, 8, 1, "none").name == "tiled_csl_spmm.f16.m64k64n8.t64x64.bn8.sk1.r0"
+    spec = fam.Spec("bf16", "f32", 7168, 28672, 24, 128, 32, 5, "atomic", True, False, 3, stages=6, cap_vecs=90,
+                    strict_banks=True, l2_prefetch=False)
+    assert spec.name == "tiled_csl_spmm.bf16.of32.m7168k28672n24.t128x64.bn32.sk5a.mb3.st6.c90.sb.nopf.bias"
+    assert (fam.Spec("f16", "f16", 64, 64, 8, 64, 8, 1, "none").name
+            == "tiled_csl_spmm.f16.m64k64n8.t64x64.bn8.sk1.st4.c0")
+    assert fam.Spec("f16", "f16", 64, 640, 8, 64, 8, 5, "cluster").name.startswith(
+        "tiled_csl_spmm.f16.m64k640n8.t64x64.bn8.sk5c.")
     assert spec.kt_per_split == 90 and spec.mf == 2 and spec.nf == 4 and spec.xv == 8
+    # shared memory: two W buffers (tile + 128-byte sink) and the ring slots (X tile + words)
+    assert spec.shared_bytes == 2 * (128 * 64 * 2 + 128) + 6 * (64 * 32 * 2 + 16 * 90)
+    cluster = fam.Spec("f16", "f16", 4096, 4096, 64, 128, 64, 4, "cluster", stages=3, cap_vecs=1)
+    assert cluster.exchange_bytes == 128 * 72 * 4 and cluster.shared_bytes >= cluster.exchange_bytes
 
 
 def test_fp16_selection_picks_a_tiled_family_with_a_reason_and_float32_does_not():
@@ -273,9 +287,11 @@ def test_options_force_split_and_reduction_and_steps_follow():
 def test_api_compile_emulate_and_describe():
     a = random_csr(200, 300, 0.3, seed=12)
     kernel = sparsegen.compile(a, n=32, dtype="float16", backend="emulate", options={"family": "tiled_csl_spmm"})
-    assert kernel.spec.reg_vecs == fam.reg_vecs_for(kernel.plan.constants["max_tile_vectors"]) >= 1
-    assert 'extern "C" __global__ void __launch_bounds__(THREADS)\ntiled_csl_spmm(' in kernel.source
-    assert "constexpr int REG_VECS = " in kernel.source and "mma.sync.aligned.m16n8k16" in kernel.source
+    assert kernel.spec.cap_vecs == kernel.plan.constants["max_tile_vectors"] >= 1
+    assert fam.MIN_STAGES <= kernel.spec.stages <= fam.MAX_STAGES
+    assert "TILED_KERNEL\ntiled_csl_spmm(" in kernel.source
+    assert f"constexpr int CAP_VECS = {kernel.spec.cap_vecs};" in kernel.source
+    assert "mma.sync.aligned.m16n8k16" in kernel.source
     assert kernel.describe()["selection"]["family"] == "tiled_csl_spmm"
     with pytest.raises(UnsupportedError):
         sparsegen.compile(a, n=32, dtype="float32", backend="emulate", options={"family": "tiled_csl_spmm"})
@@ -292,7 +308,13 @@ CODE_SHAPES = [  # (m, k, density, n, dtype, options): one per code path
     (256, 256, 0.6, 33, "float16", {"split_k": 2, "reduction": "atomic"}),  # odd N, scalar atomics
     (256, 300, 0.6, 24, "float16", {"tile_m": 256}),  # four m16 fragments per warp
     (600, 640, 0.2, 256, "bfloat16", {}),  # four column tiles
+    (300, 2000, 0.3, 16, "float16", {"split_k": 5, "reduction": "cluster"}),  # cluster reduction, 5 blocks
+    (200, 1000, 0.4, 64, "bfloat16", {"split_k": 8, "reduction": "cluster", "tile_m": 64}),  # 8 blocks, bn 64
+    (300, 700, 0.5, 13, "float16", {"split_k": 2, "reduction": "cluster", "out": "float32"}),  # odd N, f32 out
+    (256, 900, 0.3, 32, "float16", {"stages": 3, "l2_prefetch": False, "cap_vecs": 8}),  # shallow, rest from global
+    (256, 900, 0.1, 8, "float16", {"stages": 8, "tile_m": 64}),  # deep ring, two-fragment warps
 ]
+CSL_ONLY = ("strict_banks", "cap_vecs")
 
 
 @pytest.mark.nvcc
@@ -318,3 +340,31 @@ def assert_sass_has_hmma(cubin: bytes, tmp_path):
         pytest.skip("cuobjdump could not disassemble (nvdisasm missing?)")
     assert "HMMA.16816.F32" in sass
     assert "LDL" not in sass and "STL" not in sass  # no register spills to local memory
+
+
+# ---- residency, ring depth and shared memory -----------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 60000), k=st.integers(1, 60000), density=st.floats(0.05, 1.0), n=st.integers(1, 256),
+       fullest=st.floats(0.0, 1.0), tile_m=st.sampled_from([None, 64, 128, 256]))
+def test_every_chosen_spec_fits_an_sm_with_the_residency_it_asks_for(m, k, density, n, fullest, tile_m):
+    """Whatever the shape, density and fullest tile: a ring of at least MIN_STAGES slots that fits
+    the shared memory of the min_blocks resident blocks __launch_bounds__ asks for, registers included."""
+    from sparsegen.families import _tiled as T
+    from sparsegen.families.base import Request
+    from sparsegen.formats import Plan
+
+    if tile_m == 256 and n > 32:
+        tile_m = 128
+    stats = _stats_like(m, k, density)
+    options = (("tile_m", tile_m),) if tile_m else ()
+    request = Request("spmm", n=n, dtype="float16", options=options)
+    spec, _ = fam.choose(stats, request)
+    vectors = max(1, int(fullest * spec.tile_m * 64 / 4))
+    spec = fam.finalize(spec, Plan("tiled_csl", {}, {"max_tile_vectors": vectors}), request)
+    assert fam.MIN_STAGES <= spec.stages <= fam.MAX_STAGES and 1 <= spec.cap_vecs <= vectors
+    assert spec.min_blocks >= 1
+    assert spec.shared_bytes + spec.static_bytes <= T.smem_budget(spec.min_blocks)
+    assert fam.registers(spec.tile_m, spec.bn) * T.THREADS * spec.min_blocks <= T.REGS_PER_SM
+    if spec.reduction == "cluster":
+        assert 2 <= spec.split_k <= T.MAX_CLUSTER

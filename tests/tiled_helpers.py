@@ -83,14 +83,46 @@ def b_expected(x_tile, ks, nf):
     return x_tile[ks * 16 + 2 * (t % 4) + h + 8 * j, nf * 8 + t // 4]
 
 
-def select_tiled(stats, op="spmm", n=None, dtype="float16", arch="sm_90", **options):
-    """The rule table as it will be once issue 6's families are selected by default: the two tiled
-    families first, then the CSR baseline (they sit at the end of ORDER until the llm suite
-    measures where they win)."""
-    from sparsegen.families import csr_rowsplit, tiled_bitmap_spmm, tiled_csl_spmm
+def pinned_library(library):
+    """Pin the dense fallback's cuBLAS binding ("torch", "cupy" or None for a machine with neither),
+    so a selection test decides the same here and on the GPU machine."""
+    from unittest import mock
+
+    from sparsegen.families import dense_gemm
+
+    def find(dtype):
+        return library if library is not None and dtype in dense_gemm.LIBRARY_DTYPES[library] else None
+
+    return mock.patch.object(dense_gemm, "find_library", find)
+
+
+def select_tiled(stats, op="spmm", n=None, dtype="float16", arch="sm_90", dense=None, **options):
+    """The rule table, with the dense fallback's binding pinned (`dense`: "torch", "cupy" or None):
+    by default no binding, as on a machine without torch or CuPy, so the tiled tests see the choice
+    between the two tile formats and the CSR kernels."""
     from sparsegen.families.base import Request
     from sparsegen.select import select_request
 
-    rules = tiled_bitmap_spmm.RULES + tiled_csl_spmm.RULES + csr_rowsplit.RULES
-    return select_request(stats, Request(op=op, n=n, dtype=dtype, arch=arch, options=tuple(sorted(options.items()))),
-                          rules=rules)
+    with pinned_library(dense):
+        return select_request(stats, Request(op=op, n=n, dtype=dtype, arch=arch,
+                                             options=tuple(sorted(options.items()))))
+
+
+def uniform_stats(m, k, density, seed=1):
+    """MatrixStats of an m x k matrix with a uniformly random pattern of `density`, without building
+    it (OPT shapes hold hundreds of millions of entries): every 128 x 64 tile near the same density,
+    so the tile-density histogram is one bin."""
+    import dataclasses
+
+    from sparsegen.analyze import LengthStats, TileStats, analyze
+
+    from .helpers import random_csr
+
+    s = analyze(random_csr(256, 256, density, seed=seed))
+    tiles = -(-m // 128) * -(-k // 64)
+    hist = [0] * 10
+    hist[min(int(density * 10), 9)] = tiles
+    t = TileStats(128, 64, tiles, tiles, int(density * 8192 * 1.1), density * 8192, float(density > 0.5), tuple(hist))
+    mean, std = density * k, (k * density * (1 - density)) ** 0.5  # binomial row lengths
+    rows = LengthStats(int(max(0, mean - 5 * std)), int(mean + 5 * std), mean, std, std / mean, 0)
+    return dataclasses.replace(s, shape=(m, k), nnz=int(density * m * k), density=density, tiles=t, row_lengths=rows)

@@ -7,13 +7,15 @@ from . import csr_rowsplit, spdnn_sliced_ell
 from . import sputnik_spmm
 from . import sputnik_sddmm
 from . import ell_coo_spmm
-from . import tiled_bitmap_spmm, tiled_csl_spmm
+from . import tiled_bitmap_spmm, tiled_csl_spmm, dense_gemm
 from . import panel_spmm
 
 # Ordered: the first rule that accepts wins; specialised families go before the baseline.
-# The tiled tensor-core families (issue 6) come last until the llm suite has measured where they win:
-# for now they run when asked for (options={'family': ...}) or when tune=True times them.
-ORDER = (spdnn_sliced_ell, ell_coo_spmm, panel_spmm, sputnik_spmm, sputnik_sddmm, csr_rowsplit, tiled_bitmap_spmm, tiled_csl_spmm)
+# fp16/bf16 spmm meets the skinny cost model first (skinny_cost.py): the two tensor-core tile
+# families and the dense cuBLAS fallback each accept only where predicted fastest, and all three
+# decline (float32 at once) so the CSR families after them choose as before.
+ORDER = (spdnn_sliced_ell, tiled_bitmap_spmm, tiled_csl_spmm, dense_gemm, ell_coo_spmm, panel_spmm, sputnik_spmm,
+         sputnik_sddmm, csr_rowsplit)
 FAMILIES = {fam.FAMILY: fam for fam in ORDER}
 RULES = tuple(rule for fam in ORDER for rule in fam.RULES)
 

@@ -6,6 +6,11 @@ Both compute Y = W·X (+ bias per row, ReLU) for a W of fp16/bf16 cut into `tile
 skinny row-major X (K x N, N <= 256): a block of 4 warps owns one row tile and one column tile of
 `bn` <= 64 columns, walks its share of K (split-K), and multiplies with `mma.sync.m16n8k16`
 (fp32 accumulation). Each warp owns `tile_m / 4` rows, so every A fragment is decoded once.
+The split_k partial sums of an output tile meet in a thread block cluster's distributed shared
+memory on sm_90 (split_k <= 8: no workspace, deterministic), else through fp32 atomics or a second
+launch. Residency (`ring_shape`) and split-K (`choose_split`) are chosen together: as many resident
+blocks per SM as registers and shared memory allow while each block's cp.async ring keeps
+IN_FLIGHT_BYTES per SM moving, and enough blocks, evenly spread, to fill them.
 
 The cost model (per-SM cycles of one tile: the larger of its bytes over the SM's share of HBM
 bandwidth and its warp instructions over the issue rate) uses estimates for the H100 that the
@@ -25,11 +30,14 @@ from .base import Arg, KernelSpec, Launch, Operand, Request, Step, decline, epil
 WARPS = 4
 THREADS = WARPS * 32
 MAX_N = 256  # skinny products only: past this, W is re-read per 64-column tile and dense GEMM wins
+# Wider X is taken when W, densified in fp16, fits well inside L2 (50 MB on the H100): the column
+# tiles' re-reads of W then hit L2 (DLMC's weight layers are 0.5-9 MB).
+L2_RESIDENT_W_BYTES = 16 << 20
 MAX_BN = 64  # columns per block: MF x NF x 4 fp32 accumulators per thread stay <= 64 (tile_m 128)
 MIN_DENSITY = 0.05  # below this, tile math on zeros costs more than CSR kernels' work on nonzeros
 DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 DTYPE_LONG = {v: k for k, v in DTYPE_SHORT.items()}
-REDUCTIONS = ("none", "atomic", "two_step")
+REDUCTIONS = ("none", "atomic", "two_step", "cluster")
 
 # ---- H100 estimates (calibrate with `sparsegen bench llm`) ----------------------------------
 HBM_BYTES_PER_S = 3.0e12  # measured copy bandwidth 2.96 TB/s
@@ -39,8 +47,23 @@ LAUNCH_S = 3e-6  # a dependent second launch on the same stream
 ATOMIC_BYTES_PER_S = 1.5e12  # fp32 reductions at L2, 8-byte red.v2 per pair of outputs
 MIN_K_TILES_PER_SPLIT = 4  # a block's pipeline prologue is amortised over at least this many tiles
 SMEM_PER_SM = 228 * 1024
+SMEM_PER_BLOCK_RESERVED = 1024  # the driver's per-block share of shared memory on sm_80+
+# Static shared memory the kernels declare beside the ring (flags, alignment: ptxas reported 128
+# bytes): kept out of the ring's budget, or a block sized to the 227 KB limit fails to launch.
+STATIC_SHARED_RESERVE = 256
 REGS_PER_SM = 65536
-MAX_BLOCKS_PER_SM = 16
+MAX_BLOCKS_PER_SM = 16  # 64 warps per SM over 4-warp blocks
+# Split-K through a thread block cluster (sm_90): the split_k blocks of an output tile exchange their
+# partial sums in distributed shared memory. 8 is the portable cluster size; the cost is two cluster
+# barriers and split_k x tile remote reads per block (fractions of a microsecond).
+MAX_CLUSTER = 8
+CLUSTER_S = 0.5e-6
+# Block-level scheduling, for the split-K choice: a block's fixed cost per wave (its pipeline filling
+# up once: one memory latency; the epilogue), and how much an SM loses with fewer resident blocks
+# than it takes to hide latency (the tile kernels interleave a block's copies, its decode or scatter
+# and its mma only across warps of several blocks).
+BLOCK_FIXED_S = 2.0e-6
+LATENCY_PENALTY = 0.5  # time x (1 + LATENCY_PENALTY x missing fraction of the target resident blocks)
 
 
 @dataclass(frozen=True)
@@ -53,9 +76,10 @@ class TiledSpec(KernelSpec):
     tile_m: int  # rows of a tile (64, 128 or 256); tiles are 64 columns wide
     bn: int  # columns of X and Y per block: 8, 16, 32 or 64
     split_k: int
-    reduction: str  # "none" (split_k 1) | "atomic" | "two_step"
+    reduction: str  # "none" (split_k 1) | "atomic" | "two_step" | "cluster"
     bias: bool = False
     relu: bool = False
+    min_blocks: int = 1  # __launch_bounds__ minimum resident blocks per SM: caps registers at 64K / (128 x this)
 
     @property
     def m_tiles(self) -> int:
@@ -90,12 +114,18 @@ class TiledSpec(KernelSpec):
         """Halves of X per copy: the widest power of two <= 8 dividing N (rows stay aligned)."""
         return widest_vector(self.n, 2)
 
+    @property
+    def exchange_bytes(self) -> int:
+        """Shared memory the cluster reduction's exchange buffer takes (rows of BN + 8 floats)."""
+        return self.tile_m * (self.bn if self.bn == 8 else self.bn + 8) * 4 if self.reduction == "cluster" else 0
+
     def base_name(self) -> str:
         out = f".o{self.out}" if self.out != self.dtype else ""
-        red = {"none": "", "atomic": "a", "two_step": "r"}[self.reduction]
+        red = {"none": "", "atomic": "a", "two_step": "r", "cluster": "c"}[self.reduction]
         epi = epilogue_suffix(self.bias, self.relu)
+        mb = f".mb{self.min_blocks}" if self.min_blocks > 1 else ""
         return (f"{self.family}.{self.dtype}{out}.m{self.m}k{self.k}n{self.n}.t{self.tile_m}x{TILE_K}"
-                f".bn{self.bn}.sk{self.split_k}{red}"), epi
+                f".bn{self.bn}.sk{self.split_k}{red}{mb}"), epi
 
     def fields(self) -> dict:
         """Template variables: the fields plus the derived constants every template needs."""
@@ -129,10 +159,10 @@ def gate(stats, request: Request):
     out = request.option("out")
     if out not in (None, "float16", "bfloat16", "float32") or (out in ("float16", "bfloat16") and out != request.dtype):
         return decline(f"options out={out!r}: expected the input dtype or 'float32'")
-    if request.n > MAX_N:
-        return decline(f"n={request.n} > {MAX_N}: skinny kernels re-read W per 64-column tile; "
-                       f"dense or CSR kernels suit wide X")
     m, k = stats.shape
+    if request.n > MAX_N and 2 * m * k > L2_RESIDENT_W_BYTES:
+        return decline(f"n={request.n} > {MAX_N} with W of {2 * m * k >> 20} MB as fp16 tiles: each 64-column "
+                       f"tile re-reads W from memory; dense or CSR kernels suit wide X")
     if m == 0 or k == 0:
         return decline(f"empty shape {m}x{k}")
     if stats.density < MIN_DENSITY and request.option("family") is None:
@@ -208,8 +238,40 @@ def predict(stats, tile_m: int, bn: int, n_tiles: int, sms: int, bytes_fn, issue
 # ---- split-K ----------------------------------------------------------------------------------
 
 def resident_blocks(regs_per_thread: int, smem_bytes: int) -> int:
+    """Blocks of THREADS threads an SM holds with `regs_per_thread` registers and `smem_bytes` of
+    shared memory each (registers are allocated in units of 8 per thread)."""
     regs = -(-regs_per_thread // 8) * 8
-    return max(1, min(MAX_BLOCKS_PER_SM, REGS_PER_SM // (regs * THREADS), SMEM_PER_SM // (smem_bytes + 1024)))
+    return max(1, min(MAX_BLOCKS_PER_SM, REGS_PER_SM // (regs * THREADS),
+                      SMEM_PER_SM // (smem_bytes + SMEM_PER_BLOCK_RESERVED)))
+
+
+# Bytes in flight per SM the ring depth aims at (a ring slot's W data and X tile): an SM's share of
+# HBM bandwidth (~22 GB/s) times the loaded memory latency (~1.5 us), with margin.
+IN_FLIGHT_BYTES = 48 * 1024
+
+
+def smem_budget(blocks: int) -> int:
+    """Shared memory per block that leaves room for `blocks` resident blocks per SM."""
+    return SMEM_PER_SM // blocks - SMEM_PER_BLOCK_RESERVED - STATIC_SHARED_RESERVE
+
+
+def ring_shape(fixed: int, per_stage: int, tile_bytes: float, regs: int, min_stages: int, max_stages: int,
+               max_blocks: int, forced_stages: int | None = None) -> tuple[int, int]:
+    """(resident blocks per SM, ring depth) of a block with `fixed` + stages x `per_stage` bytes of
+    shared memory and `regs` registers per thread, streaming `tile_bytes` per stage: the most blocks
+    (at most `max_blocks`, as registers allow) whose ring keeps IN_FLIGHT_BYTES per SM moving with the
+    fewest stages that fit; failing that, fewer blocks with the deepest ring that fits."""
+    reg_blocks = max(1, min(MAX_BLOCKS_PER_SM, max_blocks, REGS_PER_SM // (THREADS * (-(-regs // 8) * 8))))
+    for blocks in range(reg_blocks, 0, -1):
+        need = -(-IN_FLIGHT_BYTES // max(1, int(blocks * tile_bytes))) + 1
+        stages = forced_stages or min(max_stages, max(min_stages, need))
+        if fixed + stages * per_stage <= smem_budget(blocks) and (forced_stages or stages >= need or blocks == 1):
+            return blocks, stages
+        if forced_stages is None and blocks <= 2:  # keep two blocks if a deepest-fitting ring allows
+            deepest = min(max_stages, (smem_budget(blocks) - fixed) // max(per_stage, 1))
+            if deepest >= min_stages:
+                return blocks, deepest
+    return 1, forced_stages or min_stages
 
 
 @dataclass(frozen=True)
@@ -228,29 +290,65 @@ def reduction_seconds(split: int, m: int, n: int) -> tuple[float, float]:
     return atomic, two_step
 
 
-def choose_split(stats, request: Request, n: int, bn: int, resident: int, w_bytes: float, kernel_s: float) -> Split:
-    """Tile height, split-K factor and reduction, from M, K, N and the SM count.
+def spec_reduction_seconds(spec: TiledSpec) -> float:
+    """Predicted cost of the reduction `spec` makes (0 without split-K)."""
+    if spec.reduction == "none":
+        return 0.0
+    if spec.reduction == "cluster":
+        return CLUSTER_S
+    atomic, two_step = reduction_seconds(spec.split_k, spec.m, spec.n)
+    return atomic if spec.reduction == "atomic" else two_step
 
-    Predicted time of (tile_m, S) = kernel_s / min(1, blocks / (resident x SMs)) + the cheaper
-    reduction of S partial sums (none for S = 1), where kernel_s is the cost model's time with every
-    SM busy; 64-row tiles pay ~5 % more per byte (twice the tiles). Every split keeps at least
-    MIN_K_TILES_PER_SPLIT k-tiles. The reduction: fp32 atomics into a self-cleaning workspace,
-    finished in-kernel by the last block of each output tile (one launch), or a second,
-    deterministic launch that sums the partials, whichever `reduction_seconds` predicts cheaper."""
+
+def cluster_ok(request: Request) -> bool:
+    """Thread block clusters exist from sm_90 on."""
+    digits = "".join(ch for ch in request.arch if ch.isdigit())
+    return bool(digits) and int(digits) >= 90
+
+
+def split_reduction_seconds(split: int, m: int, n: int, cluster: bool) -> tuple[str, float]:
+    """The cheapest way to reduce `split` partial sums, and its predicted cost."""
+    if split == 1:
+        return "none", 0.0
+    if cluster and split <= MAX_CLUSTER:
+        return "cluster", CLUSTER_S
+    atomic, two_step = reduction_seconds(split, m, n)
+    return ("atomic", atomic) if atomic <= two_step else ("two_step", two_step)
+
+
+def choose_split(stats, request: Request, n: int, bn: int, resident: int, w_bytes: float, kernel_s: float,
+                 heights: tuple = (128, 64), target_blocks: int = 3) -> Split:
+    """Tile height, split-K factor and reduction, from M, K, N, the SM count and residency.
+
+    Predicted time of (tile_m, S), with B = m_tiles x n_tiles x S blocks over the SMs:
+      kernel_s x (busiest SM's blocks / the mean: ceil(B / SMs) / (B / SMs))
+               x (1 + LATENCY_PENALTY x the fraction of `target_blocks` resident blocks missing)
+      + BLOCK_FIXED_S per wave of `resident` blocks per SM + the reduction of S partial sums,
+    where kernel_s is the cost model's time with every SM busy and 64-row tiles pay ~5 % more per
+    byte. The reduction: through a thread block cluster's shared memory for S <= 8 on sm_90
+    (no workspace, deterministic), else fp32 atomics into a self-cleaning workspace (the last block
+    of each output tile finishes) or a second, deterministic launch, whichever `reduction_seconds`
+    predicts cheaper. Every split keeps at least MIN_K_TILES_PER_SPLIT k-tiles."""
     m, k = stats.shape
     sms = sm_count(request.arch)
-    target = resident * sms
     n_tiles = -(-n // bn)
     k_tiles = -(-k // TILE_K)
     max_split = max(1, k_tiles // MIN_K_TILES_PER_SPLIT)
-    heights = (request.option("tile_m"),) if request.option("tile_m") else ((128, 64) if m > 64 else (64,))
+    heights = (request.option("tile_m"),) if request.option("tile_m") else tuple(h for h in heights if h <= max(m, 64))
+    heights = heights or (64,)
     forced = request.option("split_k")
+    forced_reduction = request.option("reduction")
+    cluster = cluster_ok(request) and forced_reduction in (None, "cluster")
     splits = (min(int(forced), k_tiles),) if forced is not None else range(1, max_split + 1)
 
     def predicted(tile_m: int, split: int) -> float:
         blocks = -(-m // tile_m) * n_tiles * split
-        t = kernel_s * (1.05 if tile_m == 64 else 1.0) / min(1.0, blocks / target)
-        return t + (min(reduction_seconds(split, m, n)) if split > 1 else 0.0)
+        per_sm = blocks / sms
+        balance = -(-blocks // sms) / per_sm
+        missing = max(0.0, target_blocks - min(per_sm, resident)) / target_blocks
+        waves = -(-blocks // (sms * resident))
+        t = kernel_s * (1.05 if tile_m == 64 else 1.0) * balance * (1 + LATENCY_PENALTY * missing)
+        return t + waves * BLOCK_FIXED_S + split_reduction_seconds(split, m, n, cluster)[1]
 
     tile_m, split = min(((h, s) for h in heights for s in splits), key=lambda hs: (predicted(*hs), hs[1], -hs[0]))
     split = max(1, -(-k_tiles // -(-k_tiles // split)))  # no empty split
@@ -259,13 +357,16 @@ def choose_split(stats, request: Request, n: int, bn: int, resident: int, w_byte
            f"{' (split_k as asked)' if forced is not None else ''}; predicted {predicted(tile_m, split) * 1e6:.1f} us")
     if split == 1:
         return Split(tile_m, 1, "none", why)
+    reduction, _ = split_reduction_seconds(split, m, n, cluster)
+    if forced_reduction not in (None, "none") and (forced_reduction != "cluster" or cluster_ok(request)):
+        reduction = forced_reduction
+    if reduction == "cluster" and split > MAX_CLUSTER:
+        reduction = min(("atomic", "two_step"), key=lambda r: reduction_seconds(split, m, n)[r == "two_step"])
     atomic_s, two_step_s = reduction_seconds(split, m, n)
-    reduction = request.option("reduction") or ("atomic" if atomic_s <= two_step_s else "two_step")
-    if reduction == "none":
-        reduction = "atomic"
-    how = {"atomic": "in-kernel fp32 atomics, the last block of each tile finishes",
-           "two_step": "a second, deterministic reduction launch"}[reduction]
-    why += f"; reduce by {how} (atomics ~{atomic_s * 1e6:.1f} us vs reduction step ~{two_step_s * 1e6:.1f} us)"
+    how = {"atomic": f"in-kernel fp32 atomics, the last block of each tile finishes (~{atomic_s * 1e6:.1f} us)",
+           "two_step": f"a second, deterministic reduction launch (~{two_step_s * 1e6:.1f} us)",
+           "cluster": f"a {split}-block thread block cluster's shared memory (deterministic, no workspace)"}[reduction]
+    why += f"; reduce through {how}"
     return Split(tile_m, split, reduction, why)
 
 
@@ -281,7 +382,7 @@ def main_args(spec: TiledSpec, format_args: tuple) -> tuple:
         if spec.bias:
             args.append(Arg("bias", "plan"))
         args.append(Arg("y", "output"))
-    if spec.reduction != "none":
+    if spec.reduction in ("atomic", "two_step"):
         args.append(Arg("workspace", "scratch"))
     if spec.reduction == "atomic":
         args.append(Arg("counters", "scratch"))
@@ -299,7 +400,8 @@ def steps(spec: TiledSpec, format_args: tuple, kernel: str, shared_bytes: int) -
 
 def scratch_constants(spec: TiledSpec) -> dict:
     """Device buffers the runtime allocates zeroed once per kernel (kind "scratch")."""
-    ws = {"none": 0, "atomic": spec.m * spec.n, "two_step": spec.split_k * spec.m * spec.n}[spec.reduction]
+    partials = {"none": 0, "cluster": 0, "atomic": 1, "two_step": spec.split_k}[spec.reduction]
+    ws = partials * spec.m * spec.n
     counters = spec.m_tiles * spec.n_tiles if spec.reduction == "atomic" else 0
     return {"workspace_bytes": 4 * ws, "counters_bytes": 4 * counters}
 

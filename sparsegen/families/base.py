@@ -129,6 +129,25 @@ class Step:
     launch: Launch
 
 
+@dataclass(frozen=True)
+class LibraryGemm:
+    """A step that a library does instead of a generated kernel (the dense fallback): C = A·B for
+    row-major 16-bit A (m x k), B (k x n) and C (m x n), fp32 accumulation, by cuBLAS through
+    `library` ("torch" or "cupy"). `args` name A, B and C as a kernel's arguments do; the runtime
+    runs the step in stream order with the kernel steps around it."""
+
+    library: str
+    dtype: str  # "float16" | "bfloat16"
+    m: int
+    k: int
+    n: int
+    args: tuple  # (Arg a, Arg b, Arg c)
+
+    @property
+    def kernel(self) -> str:
+        return f"{self.library}.matmul"
+
+
 # Streaming multiprocessors of the reference part of each architecture. Selection must not need a
 # GPU (it runs in `sparsegen inspect` and in CI), so the count comes from the target, not a query.
 SM_COUNT = {"sm_70": 80, "sm_75": 40, "sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_90": 132, "sm_90a": 132,

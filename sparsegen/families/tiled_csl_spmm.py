@@ -1,12 +1,15 @@
 """`tiled_csl_spmm`: Flash-LLM's load-as-sparse, compute-as-dense SpMM on tensor cores.
 
-Per k-tile a block (4 warps, one `tile_m` x 64 tile of W, `bn` columns of X) runs two pipelines
-(Flash-LLM's two levels): the next tile's Tiled-CSL words go global -> registers (uint4 loads,
-`reg_vecs` per thread, a rare fuller tile finishes from global) and its X tile global -> shared
-(cp.async), while the warps compute the current tile from shared memory (ldmatrix, mma.m16n8k16,
-fp32 accumulators); then the registers are scattered into the next W buffer, zero-filled
-beforehand. On sm_90 a bulk L2 prefetch runs one tile further ahead. Empty tiles skip the math.
-See `formats/tiled_csl.py` for the encoding and `_tiled.py` for split-K and the rule.
+A block (4 warps, one `tile_m` x 64 tile of W, `bn` columns of X) walks its share of K through a
+pipeline of three places (Flash-LLM's two levels, the first made deep): a cp.async ring of
+`stages` slots, each one tile's Tiled-CSL words (up to `cap_vecs` uint4; a rare fuller tile
+finishes from global) and its X tile, `stages - 1` tiles in flight ahead of the math with no
+registers held for them (a bulk L2 prefetch runs a ring's depth further on sm_90); two dense W
+buffers the words are scattered into (one `LEA.HI` and one 16-bit store per nonzero: the words
+hold byte offsets); and the warps' registers (ldmatrix, mma.m16n8k16, fp32 accumulators). Iteration
+t scatters tile t + 1 while the warps multiply tile t, then each warp re-zeroes its own rows of
+tile t's buffer: one barrier per tile. Empty tiles skip the math. See `formats/tiled_csl.py` for the
+encoding and `_tiled.py` for split-K and the rule.
 """
 from __future__ import annotations
 
@@ -16,36 +19,77 @@ from typing import ClassVar
 
 from ..formats import tiled_csl as FORMAT  # noqa: N812 - the family's format module
 from . import _tiled as T
-from .base import Arg, Request, Rule, accept, sm_count
+from . import skinny_cost
+from .base import Arg, Request, Rule, accept, decline, sm_count
 
 FAMILY = "tiled_csl_spmm"
 KERNEL = "tiled_csl_spmm"
-REG_VECS_MAX = 12  # 48 registers of staged words per thread; fuller tiles finish from global
 SINK_BYTES = 2 * FORMAT.SINK_HALVES
+# Ring depth: the loop needs tile t + 1 landed at iteration t, so at least 3 slots; beyond that as
+# many as keep T.IN_FLIGHT_BYTES of words per SM moving (deep for sparse tiles, shallow for full ones),
+# at most MAX_STAGES (every slot also holds an X tile).
+MIN_STAGES, MAX_STAGES = 3, 8
+# Resident blocks per SM wanted, at most: the scatter of one block, the ldmatrix/mma chains of another
+# and the copies of a third overlap only across blocks (each syncs once per tile); past 4, a block's
+# share of shared memory (two 16 KB W buffers at tile_m 128) would starve its ring.
+MAX_BLOCKS = 4
+REGS_BASE = 48  # registers besides the accumulators and fragments (addresses, offsets, loop state)
 
 
 @dataclass(frozen=True)
 class Spec(T.TiledSpec):
     family: ClassVar[str] = FAMILY
-    reg_vecs: int = 0  # uint4 vectors of a tile each thread stages in registers (fixed from the plan)
+    stages: int = 4  # ring slots: tiles of words and X in flight per block, plus the one computed
+    cap_vecs: int = 0  # uint4 of words a ring slot holds (fixed from the plan: the fullest tile, or capped)
     strict_banks: bool = False
+    l2_prefetch: bool = True  # bulk L2 prefetch of the words a ring's depth ahead (sm_90)
 
     @property
     def name(self) -> str:
         base, epi = self.base_name()
-        return f"{base}.r{self.reg_vecs}{'.sb' if self.strict_banks else ''}{epi}"
+        return (f"{base}.st{self.stages}.c{self.cap_vecs}{'.sb' if self.strict_banks else ''}"
+                f"{'' if self.l2_prefetch else '.nopf'}{epi}")
 
     @property
-    def stage_bytes(self) -> int:
-        return self.tile_m * T.TILE_K * 2 + SINK_BYTES + T.TILE_K * self.bn * 2
+    def slot_bytes(self) -> int:
+        return slot_bytes(self.bn, self.cap_vecs)
 
     @property
     def shared_bytes(self) -> int:
-        return 2 * self.stage_bytes  # double buffer
+        """Dynamic shared memory: two W buffers and the ring (or the cluster exchange, if larger)."""
+        return max(w_buffers_bytes(self.tile_m) + self.stages * self.slot_bytes, self.exchange_bytes)
+
+    @property
+    def static_bytes(self) -> int:
+        return 4 * (self.kt_per_split + 1)  # the block's tile offsets
 
 
-def reg_vecs_for(max_tile_vectors: int) -> int:
-    return max(1, min(REG_VECS_MAX, -(-max_tile_vectors // T.THREADS)))
+def w_buffers_bytes(tile_m: int) -> int:
+    return 2 * (tile_m * T.TILE_K * 2 + SINK_BYTES)
+
+
+def slot_bytes(bn: int, cap_vecs: int) -> int:
+    return T.TILE_K * bn * 2 + 16 * cap_vecs
+
+
+def registers(tile_m: int, bn: int) -> int:
+    """Registers per thread (ptxas, sm_90, within 10 %): accumulators, A and B fragments, the rest."""
+    mf, nf = tile_m // T.WARPS // 16, bn // 8
+    return REGS_BASE + 4 * mf * nf + 4 * mf + 2 * nf
+
+
+def ring_for(tile_m: int, bn: int, vectors: int, kt_per_split: int, request: Request) -> tuple[int, int, int]:
+    """(resident blocks, ring depth, vectors per slot) for tiles of at most `vectors` uint4 of words:
+    `T.ring_shape` (the most blocks whose ring keeps T.IN_FLIGHT_BYTES moving; options stages= forces
+    the depth); a slot holds the fullest tile unless even the shallowest ring of one block could not,
+    then what fits (the rest of a fuller tile comes from global)."""
+    forced = request.option("stages")
+    forced = None if forced is None else max(MIN_STAGES, int(forced))
+    fixed = w_buffers_bytes(tile_m) + 4 * (kt_per_split + 1)  # W buffers, the block's tile offsets
+    slot = slot_bytes(bn, vectors)
+    blocks, stages = T.ring_shape(fixed, slot, slot, registers(tile_m, bn), MIN_STAGES, MAX_STAGES, MAX_BLOCKS, forced)
+    room = T.smem_budget(blocks) - fixed - stages * slot_bytes(bn, 0)
+    return blocks, stages, max(1, min(vectors, room // (16 * stages)))
 
 
 def csl_bytes(nnz):
@@ -66,25 +110,40 @@ def cost(stats, request: Request, tile_m: int, bn: int) -> T.Cost:
 def choose(stats, request: Request) -> tuple[Spec, str]:
     n, (m, k) = request.n, stats.shape
     bn = T.block_n(n)
-    reg_est = reg_vecs_for(-(-stats.tiles.max_nnz // 4))
-    mf_nf = (128 // T.WARPS // 16) * (bn // 8)
-    resident = T.resident_blocks(48 + 4 * mf_nf + 4 * reg_est, 2 * (128 * 128 + SINK_BYTES + 128 * bn))
+    k_tiles = -(-k // T.TILE_K)
+    vectors = -(-stats.tiles.max_nnz // 4)  # the fullest analysed 128 x 64 tile, in uint4 of words
+    resident, _, _ = ring_for(128, bn, vectors, k_tiles, request)
     est = cost(stats, request, 128, bn)
-    split = T.choose_split(stats, request, n, bn, resident, est.bytes, est.seconds(sm_count(request.arch)))
+    split = T.choose_split(stats, request, n, bn, resident, est.bytes, est.seconds(sm_count(request.arch)),
+                           heights=(128, 64), target_blocks=min(resident, 3))
+    kt_per_split = -(-k_tiles // split.split_k)
+    blocks, stages, _ = ring_for(split.tile_m, bn, max(1, vectors * split.tile_m // 128), kt_per_split, request)
     spec = Spec(T.DTYPE_SHORT[request.dtype], T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
-                split.reduction, request.bias, request.relu, 0, bool(request.option("strict_banks", False)))
+                split.reduction, request.bias, request.relu, blocks, stages=stages,
+                strict_banks=bool(request.option("strict_banks", False)),
+                l2_prefetch=bool(request.option("l2_prefetch", True)))
     reason = (f"density {stats.density:.2f}: Tiled-CSL {est.bytes / max(m * k, 1):.2f} B/element "
               f"({4 * stats.density:.2f} for values + positions); {spec.tile_m}x{T.TILE_K} tiles, {bn} columns "
-              f"per block ({spec.n_tiles} column tile{'s' if spec.n_tiles > 1 else ''}); {split.reason}"
+              f"per block ({spec.n_tiles} column tile{'s' if spec.n_tiles > 1 else ''}), {stages}-slot cp.async ring, "
+              f"{blocks} blocks per SM; {split.reason}"
               f"{'; strictly bank-conflict-free scatter (padded banks)' if spec.strict_banks else ''}")
     return spec, reason
 
 
 def _rule(stats, request: Request):
+    """Accept where the skinny cost model predicts Tiled-CSL fastest of bitmap, dense cuBLAS and the
+    CSR kernels (or when asked for by options family=)."""
     declined = T.gate(stats, request)
     if declined is not None:
         return declined
-    return accept(*choose(stats, request))
+    if request.option("family") == FAMILY:
+        spec, why = choose(stats, request)
+        return accept(spec, f"Tiled-CSL as asked; {why}")
+    verdict = skinny_cost.judge(stats, request, FAMILY)
+    if not verdict.accepted:
+        return decline(verdict.reason)
+    spec, why = choose(stats, request)
+    return accept(spec, f"{verdict.reason}; {why}")
 
 
 RULES = (Rule("tiled_csl_spmm", FAMILY, _rule),)
@@ -97,8 +156,13 @@ def encode(csr, spec: Spec, bias=None):
 
 
 def finalize(spec: Spec, plan, request: Request) -> Spec:
-    """Registers for staged words: enough for the fullest tile, at most REG_VECS_MAX vectors."""
-    return dataclasses.replace(spec, reg_vecs=reg_vecs_for(plan.constants["max_tile_vectors"]))
+    """Size a ring slot for the fullest tile, then the depth and residency (`ring_for`); options
+    cap_vecs= forces the slot size (e.g. to exercise the from-global rest)."""
+    blocks, stages, cap = ring_for(spec.tile_m, spec.bn, plan.constants["max_tile_vectors"], spec.kt_per_split,
+                                   request)
+    forced = request.option("cap_vecs")
+    cap = max(1, int(forced)) if forced is not None else cap
+    return dataclasses.replace(spec, min_blocks=blocks, stages=stages, cap_vecs=cap)
 
 
 def steps(spec: Spec, plan) -> tuple:

@@ -7,12 +7,17 @@ Layout, chosen so that a warp decodes straight into `mma.m16n8k16` A-fragment re
   fragments, numbered (k-step ks = 0..3, m-fragment mf) as the warp walks them: f = ks * MF + mf.
 * Fragment element -> (lane, i): lane l holds 8 elements, i = 2 * reg + half, at
   row = l / 4 + 8 * (reg % 2), col = 2 * (l % 4) + half + 8 * (reg / 2): the A-operand layout of
-  m16n8k16. The fragment's 256-bit bitmap is 32 bytes, byte l = lane l's 8 bits (bit i = element i).
-* Values: per fragment lane 0's nonzeros, then lane 1's, ...; each lane's in element order. A
-  lane finds its first value with one popcount and a warp prefix sum, then reads its (at most
-  8) values as consecutive halves: 1 bit + 2 bytes per nonzero, no positions, no scatter.
+  m16n8k16. Lane l's 8 bits of a fragment form one byte (bit i = element i).
+* Bitmaps, lane-major per warp slice: the slice's bytes are [lane][f] (f = 0 .. FPW - 1, FPW =
+  fragments per warp slice), so a lane fetches all its bits of a tile with one 4-, 8- or 16-byte
+  shared load (FPW = 4, 8, 16 for tile_m = 64, 128, 256) and byte f of them is fragment f's.
+* Values: per slice fragment by fragment; per fragment lane 0's nonzeros, then lane 1's, ...; each
+  lane's in element order. A lane finds its first value in a fragment from the fragment's start
+  (a warp sum of popcounts) and its lane prefix (a warp scan), then reads its (at most 8) values as
+  consecutive halves into the mma registers: 1 bit + 2 bytes per nonzero, no positions, no scatter.
+  Within a fragment the 32 lanes read from a window of 256 * density halves: few bank conflicts.
 
-Arrays: `bitmaps` (uint32, 8 words per fragment, tiles in order, 1/8 byte per element),
+Arrays: `bitmaps` (uint32, 1/8 byte per element, tiles in order, each tile's slices in warp order),
 `values` (uint16 bit patterns; each tile starts on a 16-byte boundary for cp.async),
 `slice_offsets` (int32, (tiles + 1) * warps: first value of each warp slice, the last `warps`
 entries the total, so a tile's 4 slice starts and the next tile's come as two 16-byte chunks).
@@ -68,6 +73,16 @@ def element_position(frag, code, tile_m: int, warps: int = WARPS):
     return row, col
 
 
+def bitmap_bit(gfrag, code, fpw: int):
+    """(32-bit word, bit) of element `code` of global fragment `gfrag` (tile-major, slices of `fpw`
+    fragments): slice bytes are lane-major, byte lane * fpw + f holds lane's 8 bits of fragment f."""
+    gfrag = np.asarray(gfrag, dtype=np.int64)
+    code = np.asarray(code, dtype=np.int64)
+    slice_id, f = gfrag // fpw, gfrag % fpw
+    byte = slice_id * (32 * fpw) + (code // 8) * fpw + f
+    return byte // 4, (byte % 4) * 8 + code % 8
+
+
 def encode(csr: sp.csr_matrix, dtype: str, tile_m: int = 128, bias: np.ndarray | None = None,
            warps: int = WARPS) -> Plan:
     """Encode a canonical CSR matrix; `dtype` is "float16" or "bfloat16" (values as bit patterns)."""
@@ -80,8 +95,8 @@ def encode(csr: sp.csr_matrix, dtype: str, tile_m: int = 128, bias: np.ndarray |
     frags_per_tile = warps * fragments_per_warp(tile_m, warps)
     gfrag = nz.tile * frags_per_tile + frag  # global fragment index (tile-major)
 
-    bit_word = gfrag * FRAG_WORDS + code // 32
-    weights = (np.int64(1) << (code % 32)).astype(np.float64)  # exact: every (word, bit) is set once
+    bit_word, bit = bitmap_bit(gfrag, code, fragments_per_warp(tile_m, warps))
+    weights = (np.int64(1) << bit).astype(np.float64)  # exact: every (word, bit) is set once
     nwords = grid.tiles * frags_per_tile * FRAG_WORDS
     bitmaps = np.bincount(bit_word, weights=weights, minlength=nwords).astype(np.uint64).astype(np.uint32)
 
@@ -116,7 +131,9 @@ def decode(plan: Plan) -> sp.coo_matrix:
     grid = TileGrid(c["m"], c["k"], tile_m)
     fpw = fragments_per_warp(tile_m, warps)
     words = plan.arrays["bitmaps"]
-    bits = np.unpackbits(words.view(np.uint8), bitorder="little").reshape(-1, 256)  # little-endian words
+    # little-endian words: byte [slice][lane][f], bit i; reorder to [slice][f][lane][i] = value order
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little").reshape(-1, 32, fpw, 8)
+    bits = bits.transpose(0, 2, 1, 3).reshape(-1, 256)
     gfrag, code = np.nonzero(bits)  # row-major: fragments in order, codes ascending = value order
     slice_id = gfrag // fpw
     offsets = plan.arrays["slice_offsets"].astype(np.int64)

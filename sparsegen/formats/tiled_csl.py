@@ -1,13 +1,17 @@
 """Tiled-CSL (Flash-LLM, Xia et al. VLDB'24): W cut into `tile_m` x 64 tiles, each tile's nonzeros
-as 32-bit words, value in the low 16 bits and position inside the tile in the high 16 bits.
+as 32-bit words, value in the low 16 bits and its place in the tile in the high 16 bits.
 
-The position is the value's half-word offset in the kernel's shared-memory copy of the tile: row r
-of 64 halves (128 bytes, all 32 banks), with its eight 16-byte chunks XOR-swizzled by r mod 8 so
-that `ldmatrix` reads eight rows of one chunk from eight different bank groups:
+The place is the value's *byte* offset in the kernel's shared-memory copy of the tile (twice its
+half-word position), so that the kernel's scatter is one `LEA.HI` (buffer + word >> 16) and one
+16-bit store of the word's low half per nonzero. Row r of the tile is 64 halves (128 bytes, all 32
+banks), with its eight 16-byte chunks XOR-swizzled by r mod 8 so that `ldmatrix` reads eight rows
+of one chunk from eight different bank groups:
 
-    pos = r * 64 + ((c / 8) ^ (r % 8)) * 8 + c % 8
+    pos = r * 64 + ((c / 8) ^ (r % 8)) * 8 + c % 8,    word = value | (2 * pos) << 16
 
-Word order (the scatter). Thread `tid` of the block loads uint4 vectors tid, tid + THREADS, ...
+(tile_m <= 256: byte offsets stay below 2 * 256 * 64 + 128 < 2**16.)
+
+Word order (the scatter). Thread `tid` of the block takes uint4 vectors tid, tid + THREADS, ...
 of its tile, so warp-wide store instruction (vector group g, word q) writes words
 4 * (32 g + lane) + q for lanes 0..31: one "round". Banks are the 32-bit words of shared memory,
 bank(pos) = (pos / 2) mod 32. The encoder numbers each bank's words 0, 1, 2, ... (virtual round v
@@ -85,7 +89,7 @@ def encode(csr: sp.csr_matrix, dtype: str, tile_m: int = 128, bias: np.ndarray |
     tile = np.concatenate([nz.tile, pad_tile])
     pos = np.concatenate([pos, pad_pos])
     bits = np.concatenate([to_bits(nz.values, dtype), np.zeros(pad_tile.size, np.uint16)])
-    words = bits.astype(np.uint32) | (pos.astype(np.uint32) << 16)
+    words = bits.astype(np.uint32) | ((2 * pos).astype(np.uint32) << 16)  # byte offset in the tile
 
     # Bank-major, then virtual-round-major: the v-th word of every bank forms virtual round v.
     bank = bank_of(pos)
@@ -116,17 +120,17 @@ def _deal_rounds(rank: np.ndarray, length: np.ndarray) -> np.ndarray:
     """Word slot inside its tile of the `rank`-th word of a tile of `length` words, filling store
     rounds in order: round (g, q) is word q of vectors 32 g .. 32 g + 31 (lanes 0..31), except the
     last group, whose rounds have only as many lanes as the tile has vectors left."""
+    rank = rank.astype(np.int64, copy=False)
     vectors = length // VECTOR
     groups = -(-vectors // WARP)
-    last = vectors - WARP * (groups - 1)  # lanes in the last group
     before = VECTOR * WARP * (groups - 1)  # words in the full groups
-    full = rank < before
-    rest = np.maximum(rank - before, 0)
-    width = np.maximum(last, 1)
-    g = np.where(full, rank // (VECTOR * WARP), groups - 1)
-    q = np.where(full, (rank // WARP) % VECTOR, rest // width)
-    lane = np.where(full, rank % WARP, rest % width)
-    return VECTOR * (WARP * g + lane) + q
+    # a full group: rank = (g * VECTOR + q) * WARP + lane
+    g = rank // (VECTOR * WARP)
+    within = rank - g * (VECTOR * WARP)
+    slot_full = VECTOR * (WARP * g + within % WARP) + within // WARP
+    # the last group: rank - before = q * lanes + lane, with lanes = the vectors it has
+    q, lane = np.divmod(rank - before, np.maximum(vectors - WARP * (groups - 1), 1))
+    return np.where(rank < before, slot_full, VECTOR * (WARP * (groups - 1) + lane) + q)
 
 
 def radix_argsort(keys: np.ndarray) -> np.ndarray:
@@ -150,7 +154,7 @@ def decode(plan: Plan) -> sp.coo_matrix:
     words = plan.arrays["words"]
     offsets = plan.arrays["tile_offsets"].astype(np.int64)
     tile = np.repeat(np.arange(grid.tiles, dtype=np.int64), VECTOR * np.diff(offsets))
-    pos = (words >> 16).astype(np.int64)
+    pos = (words >> 17).astype(np.int64)  # the high half holds the byte offset
     real = pos < grid.area  # padding words write the sink
     row, col = unswizzle(pos[real])
     tile = tile[real]
@@ -195,7 +199,7 @@ def round_conflicts(plan: Plan) -> np.ndarray:
     tiles = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
     j = np.arange(lengths.sum(), dtype=np.int64) - np.repeat(VECTOR * offsets[:-1], lengths)
     round_id = (tiles * (c["tile_m"] * TILE_K) + j // (VECTOR * WARP)) * VECTOR + j % VECTOR
-    word = (plan.arrays["words"] >> 17).astype(np.int64)  # 32-bit word of shared memory written
+    word = (plan.arrays["words"] >> 18).astype(np.int64)  # 32-bit word of shared memory written
     pairs = np.unique(np.stack([round_id, word]), axis=1)  # lanes writing one word do not conflict
     keys = pairs[0] * BANKS + pairs[1] % BANKS
     keys, per_bank = np.unique(keys, return_counts=True)

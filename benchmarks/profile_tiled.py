@@ -1,0 +1,36 @@
+"""Launch chosen tiled kernels a few times on random OPT-like W, for `ncu` (a profiling harness).
+
+    ncu --section SpeedOfLight --section WarpStateStats -k regex:tiled python benchmarks/profile_tiled.py
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from tiled_probe import random_weight  # noqa: E402
+
+import sparsegen  # noqa: E402
+
+CASES = [(7168, 7168, 0.7, 16, "tiled_bitmap_spmm"), (7168, 7168, 0.9, 8, "tiled_csl_spmm"),
+         (7168, 7168, 0.9, 64, "tiled_bitmap_spmm")]
+
+
+def main():
+    import torch
+
+    for m, k, s, n, fam in CASES:
+        w = random_weight(m, k, 1 - s, seed=1)
+        kern = sparsegen.compile(w, op="spmm", n=n, dtype="float16", options={"family": fam})
+        print(kern.spec.name, flush=True)
+        x = torch.randn((k, n), dtype=torch.float16, device="cuda")
+        y = torch.empty((m, n), dtype=torch.float16, device="cuda")
+        for _ in range(3):
+            kern(x, out=y)
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""`dense_gemm`: the dense fallback, Y = W·X (+ bias per row, ReLU) by cuBLAS on the densified W.
+
+No kernel is generated for the product: the plan holds W densified (M x K, fp16 or bf16), uploaded
+once like any plan, and a call multiplies it by cuBLAS through PyTorch (`torch.matmul(W, X,
+out=Y)`) or, without PyTorch, CuPy (`cupy.matmul`, float16 only: CuPy has no bfloat16), on views of
+the device buffers (runtime `LibraryGemm`). Bias and ReLU, when asked, are a generated epilogue
+kernel launched after it in stream order: one pass over Y for both, with the bias in fp32 as the
+sparse families add it (torch ops would take a launch each and work in Y's dtype). The rule accepts where
+the skinny cost model (`skinny_cost.py`) predicts that no sparse kernel beats dense: low sparsity,
+wide N.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..formats import dense as FORMAT  # noqa: N812 - the family's format module
+from . import skinny_cost
+from .base import (Arg, KernelSpec, Launch, LibraryGemm, Operand, Request, Rule, Step, accept, decline,
+                   epilogue_suffix)
+
+FAMILY = "dense_gemm"
+EPILOGUE_KERNEL = "dense_gemm_epilogue"
+EPILOGUE_THREADS = 256
+LIBRARIES = ("torch", "cupy")  # in order of preference
+LIBRARY_DTYPES = {"torch": ("float16", "bfloat16"), "cupy": ("float16",)}
+CALLS = {"torch": "torch.matmul", "cupy": "cupy.matmul"}
+DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16"}
+DTYPE_LONG = {v: k for k, v in DTYPE_SHORT.items()}
+# A densified W past this is refused: the plan holds it on the host, in the plan cache and on the GPU
+# (40 % of an H100's 80 GB), and a matrix that large that needs a fallback is better left sparse.
+MAX_DENSE_BYTES = 32 << 30
+
+
+@dataclass(frozen=True)
+class Spec(KernelSpec):
+    family: ClassVar[str] = FAMILY
+    dtype: str  # "f16" | "bf16": W, X and Y
+    m: int
+    k: int
+    n: int
+    library: str  # "torch" | "cupy": the binding to cuBLAS the selection found importable
+    bias: bool = False
+    relu: bool = False
+
+    @property
+    def name(self) -> str:
+        epi = epilogue_suffix(self.bias, self.relu)
+        return f"{FAMILY}.{self.dtype}.m{self.m}k{self.k}n{self.n}.{self.library}{epi}"
+
+    @property
+    def call(self) -> str:
+        return CALLS[self.library]
+
+    def fields(self) -> dict:
+        d = super().fields()
+        d.update(call=self.call, epilogue=self.bias or self.relu, threads=EPILOGUE_THREADS,
+                 w_bytes=2 * self.m * self.k)
+        return d
+
+    def to_dict(self) -> dict:
+        return {"family": self.family, "name": self.name, **KernelSpec.fields(self)}
+
+
+def find_library(dtype: str) -> str | None:
+    """The first of LIBRARIES that is importable here and has `dtype`, else None. Looked up without
+    importing (selection runs in `sparsegen inspect` and must stay cheap)."""
+    for lib in LIBRARIES:
+        if dtype in LIBRARY_DTYPES[lib] and importlib.util.find_spec(lib) is not None:
+            return lib
+    return None
+
+
+def unavailable(request: Request) -> str | None:
+    """Why this family cannot run here (no binding for the dtype), else None: `tune=True` skips it."""
+    if request.dtype in DTYPE_SHORT and find_library(request.dtype) is None:
+        return f"neither torch nor CuPy (float16 only) is importable for {request.dtype}"
+    return None
+
+
+def describe_call(library: str) -> str:
+    return f"cuBLAS via {CALLS[library]}"
+
+
+def gate(stats, request: Request):
+    """None when a dense product can serve the request, else the Decision that declines it."""
+    if request.op != "spmm":
+        return decline(f"op {request.op!r} is not spmm")
+    if request.dtype not in DTYPE_SHORT:
+        return decline(f"dtype {request.dtype}: the dense fallback serves float16/bfloat16 "
+                       f"(float32 selection stays with the CSR kernels)")
+    out = request.option("out")
+    if out not in (None, request.dtype):
+        return decline(f"options out={out!r}: cuBLAS writes Y in the input dtype here")
+    m, k = stats.shape
+    if m == 0 or k == 0:
+        return decline(f"empty shape {m}x{k}")
+    if 2 * m * k > MAX_DENSE_BYTES:
+        return decline(f"densified W would take {2 * m * k / 2**30:.0f} GiB (> {MAX_DENSE_BYTES >> 30} GiB)")
+    return None
+
+
+def make_spec(stats, request: Request, library: str) -> Spec:
+    m, k = stats.shape
+    return Spec(DTYPE_SHORT[request.dtype], m, k, request.n, library, request.bias, request.relu)
+
+
+def _rule(stats, request: Request):
+    declined = gate(stats, request)
+    if declined is not None:
+        return declined
+    library = find_library(request.dtype)
+    if request.option("family") == FAMILY:
+        if library is None:  # the emulator needs no library; a GPU call says what is missing
+            return accept(make_spec(stats, request, "torch"),
+                          f"dense as asked; {unavailable(request)} here, so GPU calls fail until one is "
+                          f"installed (the spec names the default, {describe_call('torch')})")
+        return accept(make_spec(stats, request, library), f"dense as asked: W densified, {describe_call(library)}"
+                                                          f"{epilogue_text(request)}")
+    if library is None:
+        return decline(f"no cuBLAS binding: {unavailable(request)}")
+    verdict = skinny_cost.judge(stats, request, FAMILY)
+    if not verdict.accepted:
+        return decline(verdict.reason)
+    m, k = stats.shape
+    return accept(make_spec(stats, request, library), f"{verdict.reason}; W densified ({2 * m * k / 1e6:.1f} MB) "
+                                                      f"for {describe_call(library)}{epilogue_text(request)}")
+
+
+def epilogue_text(request: Request) -> str:
+    if not (request.bias or request.relu):
+        return ""
+    what = " + ".join(w for w, on in (("bias", request.bias), ("ReLU", request.relu)) if on)
+    return f"; {what} by a generated epilogue kernel after the GEMM"
+
+
+RULES = (Rule("dense_gemm", FAMILY, _rule),)
+
+
+def encode(csr, spec: Spec, bias=None):
+    return FORMAT.encode(csr, DTYPE_LONG[spec.dtype], bias)
+
+
+def steps(spec: Spec, plan) -> tuple:
+    """The library GEMM, then (bias or ReLU) the epilogue kernel over Y in place."""
+    gemm = LibraryGemm(spec.library, DTYPE_LONG[spec.dtype], spec.m, spec.k, spec.n,
+                       (Arg("w", "plan"), Arg("x", "input"), Arg("y", "output")))
+    if not (spec.bias or spec.relu):
+        return (gemm,)
+    args = ((Arg("bias", "plan"),) if spec.bias else ()) + (Arg("y", "output"),)
+    blocks = -(-spec.m * spec.n // EPILOGUE_THREADS)
+    return gemm, Step(EPILOGUE_KERNEL, args, Launch((blocks, 1, 1), (EPILOGUE_THREADS, 1, 1), 0))
+
+
+def operands(spec: Spec, plan) -> tuple:
+    dtype = DTYPE_LONG[spec.dtype]
+    return (Operand("x", (spec.k, spec.n), dtype),), Operand("y", (spec.m, spec.n), dtype)
+
+
+def emulate_operands(spec: Spec, plan) -> tuple:
+    """NumPy has no bfloat16: bf16 X comes as float32 (rounded to bf16 on entry), bf16 Y leaves as
+    float32 holding bf16-rounded values (as the tiled families' emulators do)."""
+    host = "float16" if spec.dtype == "f16" else "float32"
+    return (Operand("x", (spec.k, spec.n), host),), Operand("y", (spec.m, spec.n), host)
+
+
+def alignment(spec: Spec) -> int:
+    """cuBLAS takes any element-aligned pointer; the epilogue reads and writes single elements."""
+    return 2
+
+
+def emulate(spec: Spec, plan, inputs: dict):
+    return FORMAT.spmm(plan, inputs["x"], bias=spec.bias, relu=spec.relu)

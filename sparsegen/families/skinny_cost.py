@@ -1,0 +1,230 @@
+"""The fp16/bf16 SpMM cost model: predicted time of every candidate for one matrix and request, and
+the verdict the rules of `tiled_bitmap_spmm`, `tiled_csl_spmm` and `dense_gemm` take from it (each
+accepts only where its kernel is predicted fastest).
+
+The candidates, where their gates let them serve the request:
+
+- the tile families: per analysed 128 x 64 tile an SM spends the larger of the tile's bytes over
+  its share of the achieved bandwidth and `base + per_column x bn + per_nonzero x nnz` cycles
+  (`TileRates`), summed over the tile-density histogram (so clustered and uniform matrices of one
+  density differ), times the column tiles (each re-reads W); spread over the SMs the spec's split-K
+  keeps busy; plus a launch and the split-K reduction (`_tiled.reduction_seconds`). The spec is the
+  one the family's `choose` would build.
+- dense cuBLAS (`dense_gemm`): W, X and Y moved once at the achieved bandwidth, or tensor-core
+  math past N ~ 128, whichever is slower (and never under cuBLAS's floor); plus the epilogue pass
+  for bias/ReLU.
+- the CSR kernels (float16 only: `ell_coo_spmm`, `panel_spmm`, `sputnik_spmm`, `csr_rowsplit`): bound
+  by their nonzero rate, their gathers of X, or their bytes (rates of csr_rowsplit and sputnik_spmm).
+  Where they win, the three rules decline and the CSR rules choose among themselves as for float32.
+
+Dense wins near-ties: a sparse kernel is chosen over dense only when predicted SPARSE_MARGIN faster.
+Every constant is an H100 (sm_90) figure with its source; other architectures change only the SM
+count. Recalibrate against `benchmarks/results/<gpu>/llm_probe.txt` when the kernels change
+(tests/test_select_skinny.py checks the model against those rows).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _tiled as T
+from .base import Request, sm_count, spmm_gate
+
+# ---- H100 constants ---------------------------------------------------------------------------
+LAUNCH_S = T.LAUNCH_S  # one kernel launch on a busy stream (3 us)
+# BENCHMARKS.md: cuBLAS fp16 on the llm shapes with N <= 64 moves a median 2.50 TB/s (copy bandwidth
+# 2.96 TB/s); llm_probe.txt: 2.45-2.56 TB/s on 7168x7168 and 2.72 on 28672x7168, and Tiled-CSL
+# streams its words at 2.46 TB/s (7168x7168, 50 %, N = 16). One figure for every kernel that streams W.
+ACHIEVED_BYTES_PER_S = 2.50e12
+# BENCHMARKS.md baseline table: cuBLAS fp16 8192 x 8192, n = 256 in 0.078 ms = 441 TFLOP/s, where its
+# bytes alone would take 0.054 ms: wide products are bound by tensor-core math, not bytes.
+DENSE_FLOPS = 450e12
+# Floors, the shortest times measured on the H100 for fp16 on DLMC layers (512-2048 rows, 0.26-2.4 M
+# elements, n = 32-1024; benchmarks/results/h100-80gb-hbm3/family_probe_float16.txt): cuBLAS never
+# ran under 8.0 us, the tile kernels never under 8.4 us, the CSR kernels never under 8.9 us. Below
+# them the per-byte and per-nonzero terms say nothing, and without the floors the model picked CSR
+# kernels that ran 19-32 us where cuBLAS took 8-10 us.
+DENSE_FLOOR_S = 8.0e-6
+TILED_FLOOR_S = 8.4e-6
+CSR_FLOOR_S = 8.9e-6
+# spmm_sweep_f32.txt, csr_rowsplit on random/8192/0.9 at n = 32: 6.71 M nonzeros in 0.0789 ms. Narrow
+# products are bound by per-nonzero work (index load, broadcast), the same in fp16.
+CSR_NONZEROS_PER_S = 85e9
+# spmm_sweep_f32.txt, sputnik_spmm on random/4096/0.8 and random/8192/0.9 at n >= 128: nnz x n
+# elements of X gathered at 14.7-20.7 TB/s (L1/L2 hits), bytes per second taken alike for fp16.
+CSR_GATHER_BYTES_PER_S = 16e12
+CSR_INDEX16_MAX_COLS = 32767  # sputnik_spmm's 16-bit column indices in fp16
+# An empty tile: its offsets and one loop trip (an estimate: the probe's uniform matrices have none).
+EMPTY_TILE_CYCLES = 50.0
+# The model's error on llm_probe.txt reaches 15 %, and a sparse pick that loses to dense costs more
+# than a missed win (the llm suite asks for >= 0.95x cuBLAS at 50 % sparsity): a sparse kernel must be
+# predicted this much faster than dense, so that a wrong pick still lands near 1x dense.
+SPARSE_MARGIN = 0.15
+
+
+@dataclass(frozen=True)
+class TileRates:
+    """Per-SM cycles an analysed 128 x 64 tile costs a tile kernel when not bound by its bytes."""
+
+    base: float  # per tile, whatever it holds: pipeline steps, zero-fill (CSL) or bitmap decode, loop
+    per_column: float  # per column of the block (bn): the X tile's copy, ldmatrix and mma
+    per_nonzero: float  # Tiled-CSL's scatter, bitmap's value reads
+
+
+# Fitted (least squares on log time, then rounded) to the 16 tiled rows of
+# benchmarks/results/h100-80gb-hbm3/llm_probe.txt, which they reproduce within 15 %. A per-block
+# term (pipeline prologue) did not improve the fit, so there is none.
+RATES = {
+    "tiled_csl_spmm": TileRates(base=400.0, per_column=20.0, per_nonzero=0.10),
+    "tiled_bitmap_spmm": TileRates(base=730.0, per_column=22.0, per_nonzero=0.066),
+}
+DENSE = "dense_gemm"
+CSR = "csr"  # the CSR kernels together: the rules after the skinny ones choose among them
+LABELS = {"tiled_csl_spmm": "Tiled-CSL", "tiled_bitmap_spmm": "bitmap", CSR: "CSR kernels"}
+
+
+# ---- predictions ------------------------------------------------------------------------------
+
+def tiled_seconds(stats, request: Request, family: str) -> float:
+    """Predicted time of the spec `family` (tiled_csl_spmm or tiled_bitmap_spmm) would build."""
+    from . import tiled_bitmap_spmm, tiled_csl_spmm
+
+    fam = {"tiled_csl_spmm": tiled_csl_spmm, "tiled_bitmap_spmm": tiled_bitmap_spmm}[family]
+    spec, _ = fam.choose(stats, request)
+    rates, tiles = RATES[family], stats.tiles
+    bytes_fn = tiled_csl_spmm.csl_bytes if fam is tiled_csl_spmm else tiled_bitmap_spmm.bitmap_bytes(tiles.tile_rows)
+    sms = sm_count(request.arch)
+    dens, counts, empty = T.tile_densities(stats)
+    nnz = dens * (tiles.tile_rows * tiles.tile_cols)
+    bytes_per_cycle = ACHIEVED_BYTES_PER_S / (sms * T.CLOCK_HZ)
+    per_tile = np.maximum(bytes_fn(nnz) / bytes_per_cycle,
+                          rates.base + rates.per_column * spec.bn + rates.per_nonzero * nnz)
+    cycles = spec.n_tiles * (float((per_tile * counts).sum()) + empty * EMPTY_TILE_CYCLES)
+    busy = min(1.0, spec.m_tiles * spec.n_tiles * spec.split_k / sms)  # fewer blocks than SMs leave SMs idle
+    return max(TILED_FLOOR_S, LAUNCH_S + cycles / (sms * T.CLOCK_HZ * busy) + split_k_seconds(spec))
+
+
+def split_k_seconds(spec) -> float:
+    """The cost of reducing the spec's split-K partial sums (as `_tiled` predicts it)."""
+    if spec.split_k == 1 or spec.reduction == "none":
+        return 0.0
+    if spec.reduction in ("atomic", "two_step"):
+        atomic, two_step = T.reduction_seconds(spec.split_k, spec.m, spec.n)
+        return atomic if spec.reduction == "atomic" else two_step
+    return T.spec_reduction_seconds(spec)  # reductions added since (the thread block cluster's)
+
+
+def dense_seconds(m: int, k: int, n: int, epilogue: bool = False) -> float:
+    """cuBLAS on the densified W: bytes or tensor-core math, at least DENSE_FLOOR_S, plus the epilogue
+    pass over Y. No launch term on top: llm_probe.txt's cuBLAS times are its bytes over 2.50 TB/s
+    (7168 x 7168: 41.3 us predicted, 40.3-42.0 measured)."""
+    moved = 2.0 * (m * k + k * n + m * n)
+    seconds = max(DENSE_FLOOR_S, moved / ACHIEVED_BYTES_PER_S, 2.0 * m * k * n / DENSE_FLOPS)
+    if epilogue:
+        seconds += LAUNCH_S + (4.0 * m * n + 4.0 * m) / ACHIEVED_BYTES_PER_S  # read and write Y, read bias
+    return seconds
+
+
+def csr_seconds(stats, n: int) -> float:
+    """The fp16 CSR kernels: nonzero rate, gathers of X, or bytes, whichever binds."""
+    (m, k), nnz = stats.shape, stats.nnz
+    index = 2 if k <= CSR_INDEX16_MAX_COLS else 4
+    moved = nnz * (2.0 + index) + 4.0 * (m + 1) + 2.0 * (k * n + m * n)
+    return max(CSR_FLOOR_S, LAUNCH_S + max(moved / ACHIEVED_BYTES_PER_S, nnz / CSR_NONZEROS_PER_S,
+                                           2.0 * nnz * n / CSR_GATHER_BYTES_PER_S))
+
+
+# ---- comparison and verdicts ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Prediction:
+    family: str  # a family name, or CSR for the CSR kernels together
+    label: str
+    seconds: float
+
+    @property
+    def text(self) -> str:
+        return f"{self.label} {self.seconds * 1e3:.3g} ms"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Every candidate's predicted time, fastest first, and the matrix's density spread."""
+
+    predictions: tuple
+    spread: str
+
+    def get(self, family: str) -> Prediction | None:
+        return next((p for p in self.predictions if p.family == family), None)
+
+    def winner(self) -> Prediction | None:
+        """The fastest candidate, except that dense keeps near-ties (SPARSE_MARGIN)."""
+        dense = self.get(DENSE)
+        sparse = next((p for p in self.predictions if p.family != DENSE), None)
+        if dense is not None and (sparse is None or sparse.seconds * (1 + SPARSE_MARGIN) >= dense.seconds):
+            return dense
+        return sparse
+
+    def summary(self) -> str:
+        return ", ".join(p.text for p in self.predictions)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: bool
+    reason: str
+
+
+def spread_text(stats) -> str:
+    """Density and the spread of tile densities (from the analyzer's 128 x 64 tile histogram)."""
+    dens, counts, empty = T.tile_densities(stats)
+    nonempty = counts > 0
+    if not nonempty.any():
+        return f"density {stats.density:.2f}, all {empty} tiles empty"
+    return (f"density {stats.density:.2f} (tile densities {dens[nonempty].min():.2f}-{dens[nonempty].max():.2f}, "
+            f"{empty} of {stats.tiles.tiles} tiles empty)")
+
+
+def _unforced(request: Request) -> Request:
+    return dataclasses.replace(request, options=tuple((k, v) for k, v in request.options if k != "family"))
+
+
+def compare(stats, request: Request) -> Comparison:
+    """Predict every candidate that can serve this fp16/bf16 spmm request (see the module docstring)."""
+    from . import dense_gemm
+
+    request = _unforced(request)
+    predictions = []
+    from . import tiled_bitmap_spmm
+
+    gates = {"tiled_csl_spmm": T.gate, "tiled_bitmap_spmm": tiled_bitmap_spmm.gate}
+    predictions += [Prediction(f, LABELS[f], tiled_seconds(stats, request, f)) for f in RATES
+                    if gates[f](stats, request) is None]
+    library = dense_gemm.find_library(request.dtype)
+    if library is not None and dense_gemm.gate(stats, request) is None:
+        m, k = stats.shape
+        predictions.append(Prediction(DENSE, f"dense cuBLAS via {library}",
+                                      dense_seconds(m, k, request.n, request.bias or request.relu)))
+    if request.dtype == "float16" and request.option("out") in (None, "float16") and spmm_gate(stats, request) is None:
+        predictions.append(Prediction(CSR, LABELS[CSR], csr_seconds(stats, request.n)))
+    return Comparison(tuple(sorted(predictions, key=lambda p: p.seconds)), spread_text(stats))
+
+
+def judge(stats, request: Request, family: str) -> Verdict:
+    """Accept `family` only where it is the comparison's winner; the reason states the predictions."""
+    comparison = compare(stats, request)
+    win = comparison.winner()
+    if win is None:
+        return Verdict(False, "no candidate serves this request")
+    table = comparison.summary()
+    if win.family != family:
+        return Verdict(False, f"{win.label} predicted faster: {table}")
+    if family == DENSE:
+        sparse = [p for p in comparison.predictions if p.family != DENSE]
+        head = (f"no sparse kernel predicted {SPARSE_MARGIN:.0%} faster than dense: {table}" if sparse
+                else f"dense is the only candidate: {table}")
+    else:
+        head = f"{win.label} predicted fastest: {table}"
+    return Verdict(True, f"{head}; {comparison.spread}")
