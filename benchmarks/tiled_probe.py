@@ -119,6 +119,8 @@ def variants(fam_name: str, stats, n: int, full: bool, sparsity: float | None = 
             out.append((f"{fam_name}.t256", {"tile_m": 256}))
     out.append((f"{fam_name}.st+2", {"stages": base.stages + 2}))
     out.append((f"{fam_name}.nopf", {"l2_prefetch": False}))
+    if fam_name == "bitmap":
+        out.append(("bitmap.sk*2", {"split_k": base.split_k * 2, "reduction": "atomic"}))
     if fam_name == "csl":
         if base.split_k > 1:
             out.append(("csl.sk/2", {"split_k": max(1, base.split_k // 2)}))
