@@ -15,7 +15,7 @@ spec options (options={...} as sparsegen.compile takes them) to show what each k
   csl.t256, bitmap.t256       256-row tiles, N <= 32 (four m16 fragments per warp: half the X reads;
                               7168 x 7168 only)
   csl.st+2, bitmap.st+2       the ring two stages deeper than chosen
-  csl.nopf, bitmap.nopf       no bulk L2 prefetch of the next ring's tiles
+  csl.pf, bitmap.pf           with the bulk L2 prefetch of the next ring's tiles (off by default)
   csl.sk/2, csl.sk*2          half / double the chosen split-K (cluster reduction while <= 8)
 
 Columns: us = median of CUDA-event timings (sparsegen.bench.timing.time_cuda: L2 warm, as the llm
@@ -118,7 +118,7 @@ def variants(fam_name: str, stats, n: int, full: bool, sparsity: float | None = 
         if base.tile_m != 256 and n <= 32:
             out.append((f"{fam_name}.t256", {"tile_m": 256}))
     out.append((f"{fam_name}.st+2", {"stages": base.stages + 2}))
-    out.append((f"{fam_name}.nopf", {"l2_prefetch": False}))
+    out.append((f"{fam_name}.pf", {"l2_prefetch": True}))
     if fam_name == "bitmap":
         out.append(("bitmap.sk*2", {"split_k": base.split_k * 2, "reduction": "atomic"}))
     if fam_name == "csl":

@@ -134,7 +134,7 @@ def test_csl_ring_depths_prefetch_and_slot_overflow(stages, n):
     comes from global memory) all give the same product."""
     a = sp.csr_matrix(sp.block_diag([np.ones((128, 64)), random_csr(300, 64 * 11, 0.3, seed=22).toarray()]))
     run_check(a, n, "tiled_csl_spmm", stages=stages)
-    run_check(a, n, "tiled_csl_spmm", stages=stages, l2_prefetch=False, cap_vecs=24, split_k=3,
+    run_check(a, n, "tiled_csl_spmm", stages=stages, l2_prefetch=True, cap_vecs=24, split_k=3,
               reduction="cluster")
     run_check(a, n, "tiled_csl_spmm", stages=stages, cap_vecs=1, tile_m=64)
 
@@ -145,7 +145,7 @@ def test_bitmap_ring_depths_and_tile_heights(stages, tile_m):
     a = random_csr(600, 64 * 13 + 3, 0.4, seed=23)
     run_check(a, 16, "tiled_bitmap_spmm", stages=stages, tile_m=tile_m)
     run_check(a, 32, "tiled_bitmap_spmm", stages=stages, tile_m=tile_m, split_k=4, reduction="cluster",
-              l2_prefetch=False)
+              l2_prefetch=True)
 
 
 def test_fully_dense_fragments_decode_exactly():

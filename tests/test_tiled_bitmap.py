@@ -273,7 +273,7 @@ def test_spec_name():
     assert spec.name == "tiled_bitmap_spmm.f16.m7168k28672n16.t128x64.bn16.sk4r.mb4.st3.v2048.relu"
     cluster = fam.Spec("f16", "f16", 7168, 7168, 64, 128, 64, 7, "cluster", stages=2, vcap=8)
     assert ".sk7c." in cluster.name and cluster.shared_bytes == max(2 * cluster.stage_bytes, 128 * 72 * 4)
-    assert fam.Spec("f16", "f16", 64, 64, 8, 64, 8, 1, "none", l2_prefetch=False).name.endswith(".nopf")
+    assert fam.Spec("f16", "f16", 64, 64, 8, 64, 8, 1, "none", l2_prefetch=True).name.endswith(".pf")
 
 
 # ---- nvcc tier ---------------------------------------------------------------------------------

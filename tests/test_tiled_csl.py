@@ -215,8 +215,8 @@ def test_rule_declines_what_tensor_core_tiles_cannot_do():
 
 def test_spec_name_spells_every_parameter():
     spec = fam.Spec("bf16", "f32", 7168, 28672, 24, 128, 32, 5, "atomic", True, False, 3, stages=6, cap_vecs=90,
-                    strict_banks=True, l2_prefetch=False)
-    assert spec.name == "tiled_csl_spmm.bf16.of32.m7168k28672n24.t128x64.bn32.sk5a.mb3.st6.c90.sb.nopf.bias"
+                    strict_banks=True, l2_prefetch=True)
+    assert spec.name == "tiled_csl_spmm.bf16.of32.m7168k28672n24.t128x64.bn32.sk5a.mb3.st6.c90.sb.pf.bias"
     assert (fam.Spec("f16", "f16", 64, 64, 8, 64, 8, 1, "none").name
             == "tiled_csl_spmm.f16.m64k64n8.t64x64.bn8.sk1.st4.c0")
     assert fam.Spec("f16", "f16", 64, 640, 8, 64, 8, 5, "cluster").name.startswith(
@@ -311,7 +311,7 @@ CODE_SHAPES = [  # (m, k, density, n, dtype, options): one per code path
     (300, 2000, 0.3, 16, "float16", {"split_k": 5, "reduction": "cluster"}),  # cluster reduction, 5 blocks
     (200, 1000, 0.4, 64, "bfloat16", {"split_k": 8, "reduction": "cluster", "tile_m": 64}),  # 8 blocks, bn 64
     (300, 700, 0.5, 13, "float16", {"split_k": 2, "reduction": "cluster", "out": "float32"}),  # odd N, f32 out
-    (256, 900, 0.3, 32, "float16", {"stages": 3, "l2_prefetch": False, "cap_vecs": 8}),  # shallow, rest from global
+    (256, 900, 0.3, 32, "float16", {"stages": 3, "l2_prefetch": True, "cap_vecs": 8}),  # shallow, rest from global
     (256, 900, 0.1, 8, "float16", {"stages": 8, "tile_m": 64}),  # deep ring, two-fragment warps
 ]
 CSL_ONLY = ("strict_banks", "cap_vecs")

@@ -43,12 +43,14 @@ class Spec(T.TiledSpec):
     family: ClassVar[str] = FAMILY
     stages: int = 4  # cp.async ring depth
     vcap: int = 0  # halves of values one stage holds: the fullest tile (fixed from the plan)
-    l2_prefetch: bool = True  # bulk L2 prefetch of bitmaps and values a ring's depth ahead (sm_90)
+    # bulk L2 prefetch of bitmaps and values a ring's depth ahead (sm_90): off by default, since the H100
+    # probe (results/.../probes/tiled_probe_knobs.txt) ran every one of 16 rows faster without it
+    l2_prefetch: bool = False
 
     @property
     def name(self) -> str:
         base, epi = self.base_name()
-        return f"{base}.st{self.stages}.v{self.vcap}{'' if self.l2_prefetch else '.nopf'}{epi}"
+        return f"{base}.st{self.stages}.v{self.vcap}{'.pf' if self.l2_prefetch else ''}{epi}"
 
     @property
     def stage_bytes(self) -> int:
@@ -106,7 +108,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     blocks, stages = ring_for(split.tile_m, bn, vcap, request)
     spec = Spec(T.DTYPE_SHORT[request.dtype], T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
                 split.reduction, request.bias, request.relu, blocks, stages=stages,
-                l2_prefetch=bool(request.option("l2_prefetch", True)))
+                l2_prefetch=bool(request.option("l2_prefetch", False)))
     return spec, f"{blocks} blocks per SM; {split.reason}"
 
 

@@ -42,13 +42,15 @@ class Spec(T.TiledSpec):
     stages: int = 4  # ring slots: tiles of words and X in flight per block, plus the one computed
     cap_vecs: int = 0  # uint4 of words a ring slot holds (fixed from the plan: the fullest tile, or capped)
     strict_banks: bool = False
-    l2_prefetch: bool = True  # bulk L2 prefetch of the words a ring's depth ahead (sm_90)
+    # bulk L2 prefetch of the words a ring's depth ahead (sm_90): off by default, since the H100
+    # probe (results/.../probes/tiled_probe_knobs.txt) ran every one of 16 rows faster without it
+    l2_prefetch: bool = False
 
     @property
     def name(self) -> str:
         base, epi = self.base_name()
         return (f"{base}.st{self.stages}.c{self.cap_vecs}{'.sb' if self.strict_banks else ''}"
-                f"{'' if self.l2_prefetch else '.nopf'}{epi}")
+                f"{'.pf' if self.l2_prefetch else ''}{epi}")
 
     @property
     def slot_bytes(self) -> int:
@@ -121,7 +123,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     spec = Spec(T.DTYPE_SHORT[request.dtype], T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
                 split.reduction, request.bias, request.relu, blocks, stages=stages,
                 strict_banks=bool(request.option("strict_banks", False)),
-                l2_prefetch=bool(request.option("l2_prefetch", True)))
+                l2_prefetch=bool(request.option("l2_prefetch", False)))
     reason = (f"density {stats.density:.2f}: Tiled-CSL {est.bytes / max(m * k, 1):.2f} B/element "
               f"({4 * stats.density:.2f} for values + positions); {spec.tile_m}x{T.TILE_K} tiles, {bn} columns "
               f"per block ({spec.n_tiles} column tile{'s' if spec.n_tiles > 1 else ''}), {stages}-slot cp.async ring, "
