@@ -73,14 +73,14 @@ class TileRates:
     per_nonzero: float  # Tiled-CSL's scatter, bitmap's value reads
 
 
-# Fitted (least squares on log time, Nelder-Mead, then rounded) to the 32 forced-family times of
-# benchmarks/results/h100-80gb-hbm3/llm-calibration/llm.json (7168 x 7168 and 28672 x 7168, 50-90 %, N 8-64, the
-# kernels as rebuilt with cp.async rings and cluster split-K): median error 16 % (CSL) and 14 %
-# (bitmap), at most 40 % and 29 %. The first fit, to the older kernels' llm_probe.txt, was off by a
-# median 35 % for Tiled-CSL on these and picked it where bitmap ran 1.4-1.6x faster.
+# Fitted (least squares on log time, Nelder-Mead, then rounded) to the tile kernels as they run now
+# (cp.async rings, cluster split-K, no bulk L2 prefetch) on the H100: the 20 forced-family times of
+# benchmarks/results/h100-80gb-hbm3/llm-calibration/llm.json (28672 x 7168 at 50-90 % and
+# 21504 x 7168 at 50 %, N 8-64) and the 4 no-prefetch rows per family of 7168 x 7168 in
+# probes/tiled_probe_knobs.txt. Median error 10 % (CSL) and 9 % (bitmap), at most 33 % and 29 %.
 RATES = {
-    "tiled_csl_spmm": TileRates(base=390.0, per_column=12.7, per_nonzero=0.45),
-    "tiled_bitmap_spmm": TileRates(base=695.0, per_column=17.0, per_nonzero=0.088),
+    "tiled_csl_spmm": TileRates(base=277.0, per_column=13.0, per_nonzero=0.42),
+    "tiled_bitmap_spmm": TileRates(base=596.0, per_column=15.2, per_nonzero=0.057),
 }
 DENSE = "dense_gemm"
 CSR = "csr"  # the CSR kernels together: the rules after the skinny ones choose among them
