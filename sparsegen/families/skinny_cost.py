@@ -89,14 +89,21 @@ LABELS = {"tiled_csl_spmm": "Tiled-CSL", "tiled_bitmap_spmm": "bitmap", CSR: "CS
 
 # ---- predictions ------------------------------------------------------------------------------
 
-def tiled_seconds(stats, request: Request, family: str) -> float:
-    """Predicted time of the spec `family` (tiled_csl_spmm or tiled_bitmap_spmm) would build."""
+def tiled_family(family: str):
+    """The module of a tile family named in RATES (imported here: those modules import this one)."""
     from . import tiled_bitmap_spmm, tiled_csl_spmm
 
-    fam = {"tiled_csl_spmm": tiled_csl_spmm, "tiled_bitmap_spmm": tiled_bitmap_spmm}[family]
+    return {"tiled_csl_spmm": tiled_csl_spmm, "tiled_bitmap_spmm": tiled_bitmap_spmm}[family]
+
+
+def tiled_seconds(stats, request: Request, family: str) -> float:
+    """Predicted time of the spec `family` (tiled_csl_spmm or tiled_bitmap_spmm) would build."""
+    from . import tiled_csl_spmm
+
+    fam = tiled_family(family)
     spec, _ = fam.choose(stats, request)
     rates, tiles = RATES[family], stats.tiles
-    bytes_fn = tiled_csl_spmm.csl_bytes if fam is tiled_csl_spmm else tiled_bitmap_spmm.bitmap_bytes(tiles.tile_rows)
+    bytes_fn = tiled_csl_spmm.csl_bytes if fam is tiled_csl_spmm else fam.bitmap_bytes(tiles.tile_rows)
     sms = sm_count(request.arch)
     dens, counts, empty = T.tile_densities(stats)
     nnz = dens * (tiles.tile_rows * tiles.tile_cols)
@@ -198,12 +205,8 @@ def compare(stats, request: Request) -> Comparison:
     from . import dense_gemm
 
     request = _unforced(request)
-    predictions = []
-    from . import tiled_bitmap_spmm
-
-    gates = {"tiled_csl_spmm": T.gate, "tiled_bitmap_spmm": tiled_bitmap_spmm.gate}
-    predictions += [Prediction(f, LABELS[f], tiled_seconds(stats, request, f)) for f in RATES
-                    if gates[f](stats, request) is None]
+    predictions = [Prediction(f, LABELS[f], tiled_seconds(stats, request, f)) for f in RATES
+                   if tiled_family(f).gate(stats, request) is None]
     library = dense_gemm.find_library(request.dtype)
     if library is not None and dense_gemm.gate(stats, request) is None:
         m, k = stats.shape

@@ -132,10 +132,15 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     return spec, reason
 
 
+def gate(stats, request: Request):
+    """The tile families' shared gate (`_tiled.gate`): Tiled-CSL adds nothing to it."""
+    return T.gate(stats, request)
+
+
 def _rule(stats, request: Request):
     """Accept where the skinny cost model predicts Tiled-CSL fastest of bitmap, dense cuBLAS and the
     CSR kernels (or when asked for by options family=)."""
-    declined = T.gate(stats, request)
+    declined = gate(stats, request)
     if declined is not None:
         return declined
     if request.option("family") == FAMILY:
