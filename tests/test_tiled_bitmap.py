@@ -299,14 +299,9 @@ def test_every_code_shape_compiles_for_sm90_with_hmma(shape, epilogue, tmp_path)
 def test_every_chosen_spec_fits_an_sm_with_the_residency_it_asks_for(m, k, density, n, fullest, tile_m):
     from sparsegen.formats import Plan
 
-    from .test_tiled_csl import _stats_like
+    from .test_tiled_csl import chosen_spec
 
-    if tile_m == 256 and n > 32:
-        tile_m = 128
-    stats = _stats_like(m, k, density)
-    options = (("tile_m", tile_m),) if tile_m else ()
-    request = Request("spmm", n=n, dtype="float16", options=options)
-    spec, _ = fam.choose(stats, request)
+    request, spec = chosen_spec(fam, m, k, density, n, tile_m)
     values = -(-max(8, int(fullest * spec.tile_m * 64)) // 8) * 8
     spec = fam.finalize(spec, Plan("tiled_bitmap", {}, {"max_tile_values": values}), request)
     assert fam.DEFAULT_MIN_STAGES <= spec.stages <= fam.MAX_STAGES and spec.vcap == values

@@ -22,7 +22,7 @@ from sparsegen.formats import tiled_csl as fmt
 from .tiled_helpers import select_tiled as select
 
 from .helpers import random_csr, reference, rel_error
-from .tiled_helpers import TOL, a_fragment_positions, host_x, ldmatrix, rounded_half
+from .tiled_helpers import TOL, a_fragment_positions, host_x, ldmatrix, rounded_half, uniform_stats
 
 
 def dense_of(plan):
@@ -239,7 +239,7 @@ def test_fp16_selection_picks_a_tiled_family_with_a_reason_and_float32_does_not(
 @pytest.mark.parametrize("m,k,n", [(7168, 28672, 8), (28672, 7168, 64), (12288, 49152, 32), (256, 256, 16)])
 def test_split_k_is_derived_from_shape_and_sm_count(m, k, n):
     """No split empty; enough blocks for the SMs when K allows; the reason says how."""
-    stats = _stats_like(m, k, 0.2)
+    stats = uniform_stats(m, k, 0.2)
     spec, reason = fam.choose(stats, sparsegen.families.base.Request("spmm", n=n, dtype="float16"))
     assert (spec.split_k - 1) * spec.kt_per_split < spec.k_tiles
     assert spec.reduction == ("none" if spec.split_k == 1 else spec.reduction)
@@ -251,19 +251,17 @@ def test_split_k_is_derived_from_shape_and_sm_count(m, k, n):
     assert few.m_tiles * few.n_tiles * few.split_k <= blocks or few.tile_m < spec.tile_m
 
 
-def _stats_like(m, k, density):
-    """MatrixStats of an m x k matrix of uniform `density` without building it (for big shapes)."""
-    from sparsegen.analyze import LengthStats, TileStats
+def chosen_spec(family, m, k, density, n, tile_m):
+    """(request, spec) the family's chooser builds for a matrix like m x k at `density` (tile_m
+    forced when given; 256-row tiles only up to 32 columns, the chooser's own bound)."""
+    from sparsegen.families.base import Request
 
-    s = analyze(random_csr(256, 256, density, seed=1))
-    tiles = -(-m // 128) * -(-k // 64)
-    hist = [0] * 10
-    hist[min(int(density * 10), 9)] = tiles
-    t = TileStats(128, 64, tiles, tiles, int(density * 8192 * 1.1), density * 8192, 0.0, tuple(hist))
-    import dataclasses
-
-    return dataclasses.replace(s, shape=(m, k), nnz=int(density * m * k), density=density, tiles=t,
-                               row_lengths=LengthStats(0, k, density * k, 1.0, 0.1, 0))
+    if tile_m == 256 and n > 32:
+        tile_m = 128
+    options = (("tile_m", tile_m),) if tile_m else ()
+    request = Request("spmm", n=n, dtype="float16", options=options)
+    spec, _ = family.choose(uniform_stats(m, k, density), request)
+    return request, spec
 
 
 def test_options_force_split_and_reduction_and_steps_follow():
@@ -351,15 +349,9 @@ def test_every_chosen_spec_fits_an_sm_with_the_residency_it_asks_for(m, k, densi
     """Whatever the shape, density and fullest tile: a ring of at least MIN_STAGES slots that fits
     the shared memory of the min_blocks resident blocks __launch_bounds__ asks for, registers included."""
     from sparsegen.families import _tiled as T
-    from sparsegen.families.base import Request
     from sparsegen.formats import Plan
 
-    if tile_m == 256 and n > 32:
-        tile_m = 128
-    stats = _stats_like(m, k, density)
-    options = (("tile_m", tile_m),) if tile_m else ()
-    request = Request("spmm", n=n, dtype="float16", options=options)
-    spec, _ = fam.choose(stats, request)
+    request, spec = chosen_spec(fam, m, k, density, n, tile_m)
     vectors = max(1, int(fullest * spec.tile_m * 64 / 4))
     spec = fam.finalize(spec, Plan("tiled_csl", {}, {"max_tile_vectors": vectors}), request)
     assert fam.MIN_STAGES <= spec.stages <= fam.MAX_STAGES and 1 <= spec.cap_vecs <= vectors
