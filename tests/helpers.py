@@ -41,3 +41,16 @@ def rounded(a, dtype):
     a = sp.csr_matrix(a, dtype=np.float32, copy=True)
     a.data = a.data.astype(dtype).astype(np.float32)
     return a
+
+
+def torch_cuda(why: str):
+    """PyTorch with a CUDA device, else skip the test saying `why` it needs torch."""
+    import pytest
+
+    try:
+        import torch
+    except ImportError:
+        pytest.skip(f"torch not installed: {why}")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    return torch

@@ -12,7 +12,7 @@ import sparsegen
 from sparsegen import runtime
 from sparsegen.errors import ShapeError
 
-from .helpers import random_csr, reference, rel_error
+from .helpers import random_csr, reference, rel_error, torch_cuda as needs_torch
 from .test_gpu_tiled import fast_random
 from .tiled_helpers import TOL, host_x, pinned_library, rounded_half
 
@@ -20,13 +20,7 @@ pytestmark = pytest.mark.gpu
 
 
 def torch_cuda():
-    try:
-        import torch
-    except ImportError:
-        pytest.skip("torch not installed: the dense fallback calls cuBLAS through torch (or CuPy)")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA device")
-    return torch
+    return needs_torch("the dense fallback calls cuBLAS through torch (or CuPy)")
 
 
 def compile_dense(a, n, dtype="float16", bias=None, relu=False, library="torch"):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import sparsegen
 from sparsegen.errors import UnsupportedError
 
-from .helpers import random_csr, reference, rel_error
+from .helpers import random_csr, reference, rel_error, torch_cuda as needs_torch
 from .tiled_helpers import TOL, host_x, rounded_half
 
 pytestmark = pytest.mark.gpu
@@ -20,13 +20,7 @@ FAMILIES = ["tiled_csl_spmm", "tiled_bitmap_spmm"]
 
 
 def torch_cuda():
-    try:
-        import torch
-    except ImportError:
-        pytest.skip("torch not installed: bf16 operands travel as torch tensors")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA device")
-    return torch
+    return needs_torch("bf16 operands travel as torch tensors")
 
 
 def run_check(a, n, family, dtype="float16", bias=None, relu=False, seed=0, calls=1, **options):
