@@ -1,6 +1,7 @@
 """Launch chosen tiled kernels a few times on random OPT-like W, for `ncu` (a profiling harness).
 
     ncu --section SpeedOfLight --section WarpStateStats -k regex:tiled python benchmarks/profile_tiled.py
+    ... python benchmarks/profile_tiled.py 7168,7168,0.9,16,tiled_csl_spmm [M,K,SPARSITY,N,FAMILY ...]
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ CASES = [(7168, 7168, 0.7, 16, "tiled_bitmap_spmm"), (7168, 7168, 0.9, 8, "tiled
 def main():
     import torch
 
-    for m, k, s, n, fam in CASES:
+    cases = [(int(m), int(k), float(s), int(n), fam) for m, k, s, n, fam in (a.split(",") for a in sys.argv[1:])]
+    for m, k, s, n, fam in cases or CASES:
         w = random_weight(m, k, 1 - s, seed=1)
         kern = sparsegen.compile(w, op="spmm", n=n, dtype="float16", options={"family": fam})
         print(kern.spec.name, flush=True)

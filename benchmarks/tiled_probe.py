@@ -98,6 +98,18 @@ def random_weight(m: int, k: int, density: float, seed: int) -> sp.csr_matrix:
 
 # ---- variants ---------------------------------------------------------------------------------
 
+def split_grid(fam_name: str, stats, n: int, splits, heights) -> list[tuple[str, dict]]:
+    """`--sweep split`: the default, then every (tile height, split-K) of the grid with atomics."""
+    out = [(fam_name, {})]
+    k_tiles = -(-stats.shape[1] // T.TILE_K)
+    for h in heights:
+        for s in splits:
+            if s == 1 or k_tiles // s >= 2:
+                label = f"{fam_name}.t{h}.sk{s}"
+                out.append((label, {"tile_m": h, "split_k": s} | ({"reduction": "atomic"} if s > 1 else {})))
+    return out
+
+
 def variants(fam_name: str, stats, n: int, full: bool, sparsity: float | None = None) -> list[tuple[str, dict]]:
     """(label, options) of the variants of one family for one (W, N)."""
     out = [(fam_name, {})]
@@ -199,8 +211,11 @@ def main() -> int:
     ap.add_argument("--sparsity", type=float, nargs="*", default=SPARSITIES)
     ap.add_argument("--n", type=int, nargs="*", default=NS)
     ap.add_argument("--shapes", type=str, nargs="*", default=None, help="MxK, e.g. 7168x7168")
-    ap.add_argument("--sweep", choices=("all", "some", "none"), default="some",
-                    help="forced variants for every (W, N), for N in {16, 64} (default), or none")
+    ap.add_argument("--sweep", choices=("all", "some", "none", "split"), default="some",
+                    help="forced variants for every (W, N), for N in {16, 64} (default), or none; "
+                         "split: the --splits x --heights grid (atomics) for every (W, N)")
+    ap.add_argument("--splits", type=int, nargs="*", default=[1, 2, 4, 7, 14, 28])
+    ap.add_argument("--heights", type=int, nargs="*", default=[128])
     ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 4))
     args = ap.parse_args()
     shapes = SHAPES[:1] if args.quick else SHAPES
@@ -229,7 +244,9 @@ def main() -> int:
         for n in args.n:
             full = args.sweep == "all" or (args.sweep == "some" and n in (16, 64))
             for fam_name in FAMILIES:
-                for label, options in variants(fam_name, stats[key], n, full, key[2]):
+                grid = (split_grid(fam_name, stats[key], n, args.splits, args.heights) if args.sweep == "split"
+                        else variants(fam_name, stats[key], n, full, key[2]))
+                for label, options in grid:
                     todo.append((key, n, label, fam_name, options))
     jobs = {}
     for key, n, label, fam_name, options in todo:

@@ -56,7 +56,7 @@ def predicted_ms(stats, n) -> dict:
 
 def test_the_measured_run_has_the_cases_the_model_was_fitted_to():
     rows = probe_rows()
-    assert len(rows) == 20 and {n for *_, n, _, _ in rows} == {8, 16, 32, 64}
+    assert len(rows) >= 60 and {n for *_, n, _, _ in rows} == {8, 16, 32, 64}
 
 
 def test_model_reproduces_the_measured_times(torch_binding):

@@ -316,19 +316,63 @@ def split_reduction_seconds(split: int, m: int, n: int, cluster: bool) -> tuple[
     return ("atomic", atomic) if atomic <= two_step else ("two_step", two_step)
 
 
+# Narrow blocks (bn <= 32): split-K measured on the H100 (probes/tiled_probe_split.txt: 4 OPT shapes
+# with K 7168-9216, M 7168-28672, 70 and 90 %, N 8-32, splits 1-28 with atomics): about 16 k-tiles
+# (K = 1024) per split was fastest or within 5 % of it for both families at every M, and fp32
+# atomics beat the thread block cluster's reduction at the same split (CSL by up to 1.5x: a cluster
+# is scheduled only when all of its blocks fit in one GPC at once, so SMs wait for slots). Wide
+# blocks (bn = 64) move 4x the partial sums: there the cluster won and the cost model below chooses.
+KT_PER_SPLIT_TARGET = 16
+NARROW_BN = 32
+
+
 def choose_split(stats, request: Request, n: int, bn: int, resident: int, w_bytes: float, kernel_s: float,
                  heights: tuple = (128, 64), target_blocks: int = 3) -> Split:
     """Tile height, split-K factor and reduction, from M, K, N, the SM count and residency.
 
-    Predicted time of (tile_m, S), with B = m_tiles x n_tiles x S blocks over the SMs:
+    Narrow blocks (bn <= NARROW_BN, unless options force a split or reduction): the tallest tile that
+    fits M, split-K so that each split walks about KT_PER_SPLIT_TARGET k-tiles (raised until the
+    blocks cover every SM, when M is short), reduced by fp32 atomics (or a second launch where
+    `reduction_seconds` predicts that cheaper). Otherwise `modelled_split`."""
+    m, k = stats.shape
+    forced = request.option("split_k") is not None or request.option("reduction") not in (None, "atomic")
+    if bn > NARROW_BN or forced:
+        return modelled_split(stats, request, n, bn, resident, kernel_s, heights, target_blocks)
+    sms = sm_count(request.arch)
+    tile_m = request.option("tile_m") or next((h for h in heights if h <= max(m, 64)), 64)
+    k_tiles = -(-k // TILE_K)
+    max_split = max(1, k_tiles // MIN_K_TILES_PER_SPLIT)
+    tiles = -(-m // tile_m) * -(-n // bn)
+    split = min(max_split, max(1, round(k_tiles / KT_PER_SPLIT_TARGET)))
+    while tiles * split < sms and split < max_split:
+        split += 1
+    split = max(1, -(-k_tiles // -(-k_tiles // split)))  # no empty split
+    why = (f"{tiles} output tiles x split-K {split} ({-(-k_tiles // split)} of {k_tiles} k-tiles each, "
+           f"target {KT_PER_SPLIT_TARGET}) = {tiles * split} blocks for {sms} SMs x {resident} resident")
+    if split == 1:
+        return Split(tile_m, 1, "none", why)
+    atomic_s, two_step_s = reduction_seconds(split, m, n)
+    if request.option("reduction") == "atomic" or atomic_s <= two_step_s:
+        return Split(tile_m, split, "atomic", why + f"; reduce through in-kernel fp32 atomics, the last block of "
+                                                     f"each tile finishes (~{atomic_s * 1e6:.1f} us; measured faster "
+                                                     f"than a cluster for narrow blocks)")
+    return Split(tile_m, split, "two_step", why + f"; reduce through a second, deterministic launch "
+                                                  f"(~{two_step_s * 1e6:.1f} us)")
+
+
+def modelled_split(stats, request: Request, n: int, bn: int, resident: int, kernel_s: float,
+                   heights: tuple = (128, 64), target_blocks: int = 3) -> Split:
+    """Wide blocks, or a split/reduction forced by options: the split minimising
+
       kernel_s x (busiest SM's blocks / the mean: ceil(B / SMs) / (B / SMs))
                x (1 + LATENCY_PENALTY x the fraction of `target_blocks` resident blocks missing)
       + BLOCK_FIXED_S per wave of `resident` blocks per SM + the reduction of S partial sums,
-    where kernel_s is the cost model's time with every SM busy and 64-row tiles pay ~5 % more per
-    byte. The reduction: through a thread block cluster's shared memory for S <= 8 on sm_90
-    (no workspace, deterministic), else fp32 atomics into a self-cleaning workspace (the last block
-    of each output tile finishes) or a second, deterministic launch, whichever `reduction_seconds`
-    predicts cheaper. Every split keeps at least MIN_K_TILES_PER_SPLIT k-tiles."""
+    with B = m_tiles x n_tiles x S blocks, where kernel_s is the cost model's time with every SM busy
+    and 64-row tiles pay ~5 % more per byte. The reduction: through a thread block cluster's shared
+    memory for S <= 8 on sm_90 (no workspace, deterministic), else fp32 atomics into a self-cleaning
+    workspace (the last block of each output tile finishes) or a second, deterministic launch,
+    whichever `reduction_seconds` predicts cheaper. Every split keeps at least MIN_K_TILES_PER_SPLIT
+    k-tiles."""
     m, k = stats.shape
     sms = sm_count(request.arch)
     n_tiles = -(-n // bn)

@@ -71,16 +71,18 @@ class TileRates:
     base: float  # per tile, whatever it holds: pipeline steps, zero-fill (CSL) or bitmap decode, loop
     per_column: float  # per column of the block (bn): the X tile's copy, ldmatrix and mma
     per_nonzero: float  # Tiled-CSL's scatter, bitmap's value reads
+    fixed_s: float = 0.0  # per launch beyond LAUNCH_S: the pipeline filling, the last wave's tail
 
 
-# Fitted (least squares on log time, Nelder-Mead, then rounded) to the tile kernels as they run now
-# (cp.async rings, cluster split-K, no bulk L2 prefetch) on the H100: the 20 forced-family times of
-# benchmarks/results/h100-80gb-hbm3/llm-calibration/llm.json (28672 x 7168 at 50-90 % and
-# 21504 x 7168 at 50 %, N 8-64) and the 4 no-prefetch rows per family of 7168 x 7168 in
-# probes/tiled_probe_knobs.txt. Median error 10 % (CSL) and 9 % (bitmap), at most 33 % and 29 %.
+# Fitted by benchmarks/fit_skinny_rates.py (least squares on log time, Nelder-Mead) to the tile kernels
+# as the chooser builds them (split-K of ~16 k-tiles with atomics for bn <= 32; the modelled split
+# with the cluster reduction for bn = 64) on the H100: the 124 forced-family times of
+# benchmarks/results/h100-80gb-hbm3/llm-calibration/llm.json (4 OPT shapes, 50-90 %, N 8-64).
+# Median error 9.0 % (CSL) and 4.5 % (bitmap), at most 21 % and 16 %. (First fitted to the split
+# probe, probes/tiled_probe_split.txt, those rates predicted this run within a median 8.8 % / 4.7 %.)
 RATES = {
-    "tiled_csl_spmm": TileRates(base=277.0, per_column=13.0, per_nonzero=0.42),
-    "tiled_bitmap_spmm": TileRates(base=596.0, per_column=15.2, per_nonzero=0.057),
+    "tiled_csl_spmm": TileRates(base=76.0, per_column=17.1, per_nonzero=0.343, fixed_s=8.25e-6),
+    "tiled_bitmap_spmm": TileRates(base=342.0, per_column=17.1, per_nonzero=0.045, fixed_s=9.45e-6),
 }
 DENSE = "dense_gemm"
 CSR = "csr"  # the CSR kernels together: the rules after the skinny ones choose among them
@@ -112,7 +114,7 @@ def tiled_seconds(stats, request: Request, family: str) -> float:
                           rates.base + rates.per_column * spec.bn + rates.per_nonzero * nnz)
     cycles = spec.n_tiles * (float((per_tile * counts).sum()) + empty * EMPTY_TILE_CYCLES)
     busy = min(1.0, spec.m_tiles * spec.n_tiles * spec.split_k / sms)  # fewer blocks than SMs leave SMs idle
-    return max(TILED_FLOOR_S, LAUNCH_S + cycles / (sms * T.CLOCK_HZ * busy) + split_k_seconds(spec))
+    return max(TILED_FLOOR_S, LAUNCH_S + rates.fixed_s + cycles / (sms * T.CLOCK_HZ * busy) + split_k_seconds(spec))
 
 
 def split_k_seconds(spec) -> float:
