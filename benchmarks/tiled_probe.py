@@ -98,15 +98,19 @@ def random_weight(m: int, k: int, density: float, seed: int) -> sp.csr_matrix:
 
 # ---- variants ---------------------------------------------------------------------------------
 
-def split_grid(fam_name: str, stats, n: int, splits, heights) -> list[tuple[str, dict]]:
-    """`--sweep split`: the default, then every (tile height, split-K) of the grid with atomics."""
+def split_grid(fam_name: str, stats, n: int, splits, heights, warps=(4,)) -> list[tuple[str, dict]]:
+    """`--sweep split`: the default, then every (warps, tile height, split-K) of the grid with atomics."""
     out = [(fam_name, {})]
     k_tiles = -(-stats.shape[1] // T.TILE_K)
-    for h in heights:
-        for s in splits:
-            if s == 1 or k_tiles // s >= 2:
-                label = f"{fam_name}.t{h}.sk{s}"
-                out.append((label, {"tile_m": h, "split_k": s} | ({"reduction": "atomic"} if s > 1 else {})))
+    for w in warps:
+        for h in heights:
+            if h < 16 * w or (h == 256 and w == 4 and n > 32):
+                continue
+            for s in splits:
+                if s == 1 or k_tiles // s >= 2:
+                    label = f"{fam_name}.t{h}.sk{s}" + (f".w{w}" if w != T.WARPS else "")
+                    out.append((label, {"tile_m": h, "split_k": s, "warps": w}
+                                | ({"reduction": "atomic"} if s > 1 else {})))
     return out
 
 
@@ -154,7 +158,7 @@ def initial_spec(fam, stats, n: int, options: dict):
 
 
 def plan_key(fam, spec) -> tuple:
-    return (fam.FAMILY, spec.tile_m, getattr(spec, "strict_banks", False))
+    return (fam.FAMILY, spec.tile_m, getattr(spec, "strict_banks", False), spec.warps)
 
 
 def _encode(job):
@@ -216,6 +220,7 @@ def main() -> int:
                          "split: the --splits x --heights grid (atomics) for every (W, N)")
     ap.add_argument("--splits", type=int, nargs="*", default=[1, 2, 4, 7, 14, 28])
     ap.add_argument("--heights", type=int, nargs="*", default=[128])
+    ap.add_argument("--warps", type=int, nargs="*", default=[4])
     ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 4))
     args = ap.parse_args()
     shapes = SHAPES[:1] if args.quick else SHAPES
@@ -244,7 +249,7 @@ def main() -> int:
         for n in args.n:
             full = args.sweep == "all" or (args.sweep == "some" and n in (16, 64))
             for fam_name in FAMILIES:
-                grid = (split_grid(fam_name, stats[key], n, args.splits, args.heights) if args.sweep == "split"
+                grid = (split_grid(fam_name, stats[key], n, args.splits, args.heights, args.warps) if args.sweep == "split"
                         else variants(fam_name, stats[key], n, full, key[2]))
                 for label, options in grid:
                     todo.append((key, n, label, fam_name, options))

@@ -115,6 +115,20 @@ def test_cluster_reduction_sizes_residues_and_relu(family, split_k):
     assert kernel.spec.out == "f32"
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("n,tile_m,reduction", [(8, 128, "atomic"), (34, 128, "cluster"), (64, 256, "atomic"),
+                                                (16, 256, "two_step")])
+def test_eight_warp_blocks(family, n, tile_m, reduction):
+    """Blocks of 8 warps (each 16 or 32 rows of the tile): full, empty and sparse tiles, residues,
+    split-K through every reduction, bias + ReLU, repeat calls."""
+    dense = np.random.default_rng(5).standard_normal((128, 64))
+    a = sp.csr_matrix(sp.block_diag([dense, np.zeros((128, 64)), random_csr(300, 700, 0.3, seed=6).toarray(), dense]))
+    a.eliminate_zeros()
+    kernel = run_check(a, n, family, bias=np.linspace(-1, 1, a.shape[0]), relu=True, calls=2, warps=8, tile_m=tile_m,
+                       split_k=3, reduction=reduction)
+    assert kernel.spec.warps == 8 and kernel.spec.tile_m == tile_m and ".w8" in kernel.spec.name
+
+
 def test_split_past_the_cluster_limit_falls_back_to_atomics():
     a = random_csr(256, 64 * 40, 0.3, seed=21)
     kernel = run_check(a, 16, "tiled_csl_spmm", split_k=10)

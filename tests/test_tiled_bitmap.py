@@ -142,20 +142,21 @@ def decode_fragment(byte, vals, at):
     return out
 
 
-@pytest.mark.parametrize("tile_m,density", [(64, 0.5), (128, 0.2), (256, 0.9), (128, 1.0), (256, 0.03)])
-def test_warp_decode_yields_the_a_fragments(tile_m, density):
+@pytest.mark.parametrize("tile_m,density,warps", [(64, 0.5, 4), (128, 0.2, 4), (256, 0.9, 4), (128, 1.0, 4),
+                                                 (256, 0.03, 4), (128, 0.3, 8), (256, 1.0, 8)])
+def test_warp_decode_yields_the_a_fragments(tile_m, density, warps):
     """The lane-major bitmap bytes, the packed scan (a fully dense fragment sums to 256 at lane 31:
     density 1.0 checks its exclusive prefix stays exact) and the per-fragment starts reproduce every
     A fragment of every warp."""
     a = random_csr(tile_m, 64, density, seed=2)
-    plan = fmt.encode(a, "float16", tile_m)
+    plan = fmt.encode(a, "float16", tile_m, warps=warps)
     w = halfbits.to_bits(a.toarray(), "float16")
-    fpw = fmt.fragments_per_warp(tile_m)
-    words = plan.arrays["bitmaps"].reshape(4, 32, fpw // 4)  # [warp][lane][word]: one shared load per lane
+    fpw = fmt.fragments_per_warp(tile_m, warps)
+    words = plan.arrays["bitmaps"].reshape(warps, 32, fpw // 4)  # [warp][lane][word]: one shared load per lane
     slices = plan.arrays["slice_offsets"]
-    mf_count, lane = tile_m // 64, np.arange(32)
+    mf_count, lane = tile_m // warps // 16, np.arange(32)
     values = plan.arrays["values"]
-    for warp in range(4):
+    for warp in range(warps):
         at = fragment_starts(words[warp].astype(np.uint64), 2 * int(slices[warp]))
         for ks in range(4):
             for mf in range(mf_count):
@@ -164,12 +165,12 @@ def test_warp_decode_yields_the_a_fragments(tile_m, density):
                 got = decode_fragment(byte, values, at[:, f])
                 for reg in range(4):
                     r, c = a_fragment_positions(lane, reg)
-                    want = w[warp * tile_m // 4 + mf * 16 + r, ks * 16 + c].T
+                    want = w[warp * tile_m // warps + mf * 16 + r, ks * 16 + c].T
                     assert np.array_equal(got[:, reg], want)
         # the last fragment's values end where the slice ends
         last_byte = (words[warp][:, -1].astype(np.int64) >> 24) & 0xFF
         end = at[31, -1] // 2 + bin(int(last_byte[31])).count("1")
-        assert end == (slices[warp + 1] if warp < 3 else slices[0] + (w != 0).sum())
+        assert end == (slices[warp + 1] if warp < warps - 1 else slices[0] + (w != 0).sum())
 
 
 def test_packed_scan_and_sums_match_plain_arithmetic():
@@ -226,6 +227,22 @@ def test_emulator_matches_scipy(m, k, density, n, dtype, epilogue, seed):
     kernel, y, ref = emulate(a, n, dtype, bias, epilogue == "bias_relu", seed)
     assert y.shape == (m, n)
     assert rel_error(y, ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("family", ["tiled_bitmap_spmm", "tiled_csl_spmm"])
+def test_eight_warp_blocks_emulate_and_template(family):
+    a = random_csr(300, 500, 0.3, seed=8, empty_rows=0.1)
+    x = host_x(np.random.default_rng(8), 500, 16, "float16")
+    kernel = sparsegen.compile(a, n=16, dtype="float16", backend="emulate",
+                               options={"family": family, "warps": 8, "split_k": 2, "reduction": "atomic"})
+    assert kernel.spec.warps == 8 and ".w8." in kernel.spec.name and kernel.spec.tile_m >= 128
+    assert "constexpr int WARPS = 8;" in kernel.source and "constexpr int THREADS = 256;" in kernel.source
+    assert rel_error(kernel(x), reference(rounded_half(a, "float16"), x.astype(np.float32))) <= TOL["float16"]
+    with pytest.raises(UnsupportedError, match="warps"):
+        sparsegen.compile(a, n=16, dtype="float16", backend="emulate", options={"family": family, "warps": 6})
+    with pytest.raises(UnsupportedError, match="16 rows"):
+        sparsegen.compile(a, n=16, dtype="float16", backend="emulate",
+                          options={"family": family, "warps": 8, "tile_m": 64})
 
 
 def test_finalize_sizes_value_buffer_and_ring():

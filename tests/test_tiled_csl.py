@@ -312,6 +312,8 @@ CODE_SHAPES = [  # (m, k, density, n, dtype, options): one per code path
     (300, 700, 0.5, 13, "float16", {"split_k": 2, "reduction": "cluster", "out": "float32"}),  # odd N, f32 out
     (256, 900, 0.3, 32, "float16", {"stages": 3, "l2_prefetch": True, "cap_vecs": 8}),  # shallow, rest from global
     (256, 900, 0.1, 8, "float16", {"stages": 8, "tile_m": 64}),  # deep ring, two-fragment warps
+    (300, 900, 0.3, 16, "float16", {"warps": 8, "split_k": 3, "reduction": "atomic"}),  # 8 warps, one m16 each
+    (512, 700, 0.4, 64, "bfloat16", {"warps": 8, "tile_m": 256, "split_k": 2, "reduction": "cluster"}),  # 8 x 32 rows
 ]
 CSL_ONLY = ("strict_banks", "cap_vecs")
 

@@ -79,7 +79,8 @@ class TiledSpec(KernelSpec):
     reduction: str  # "none" (split_k 1) | "atomic" | "two_step" | "cluster"
     bias: bool = False
     relu: bool = False
-    min_blocks: int = 1  # __launch_bounds__ minimum resident blocks per SM: caps registers at 64K / (128 x this)
+    min_blocks: int = 1  # __launch_bounds__ minimum resident blocks per SM: caps registers at 64K / (threads x this)
+    warps: int = WARPS  # warps per block, each owning tile_m / warps rows (4, or 8: half the rows per warp)
 
     @property
     def m_tiles(self) -> int:
@@ -98,8 +99,12 @@ class TiledSpec(KernelSpec):
         return -(-self.k_tiles // self.split_k)
 
     @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
     def warp_rows(self) -> int:
-        return self.tile_m // WARPS
+        return self.tile_m // self.warps
 
     @property
     def mf(self) -> int:
@@ -124,6 +129,7 @@ class TiledSpec(KernelSpec):
         red = {"none": "", "atomic": "a", "two_step": "r", "cluster": "c"}[self.reduction]
         epi = epilogue_suffix(self.bias, self.relu)
         mb = f".mb{self.min_blocks}" if self.min_blocks > 1 else ""
+        mb += f".w{self.warps}" if self.warps != WARPS else ""
         return (f"{self.family}.{self.dtype}{out}.m{self.m}k{self.k}n{self.n}.t{self.tile_m}x{TILE_K}"
                 f".bn{self.bn}.sk{self.split_k}{red}{mb}"), epi
 
@@ -131,7 +137,7 @@ class TiledSpec(KernelSpec):
         """Template variables: the fields plus the derived constants every template needs."""
         d = super().fields()
         d.update(m_tiles=self.m_tiles, k_tiles=self.k_tiles, n_tiles=self.n_tiles, kt_per_split=self.kt_per_split,
-                 warps=WARPS, threads=THREADS, warp_rows=self.warp_rows, mf=self.mf, nf=self.nf, xv=self.xv,
+                 warps=self.warps, threads=self.threads, warp_rows=self.warp_rows, mf=self.mf, nf=self.nf, xv=self.xv,
                  tile_k=TILE_K)
         return d
 
@@ -170,6 +176,11 @@ def gate(stats, request: Request):
                        f"than CSR kernels' work on the nonzeros")
     if 4 * (stats.nnz + 4 * stats.tiles.tiles) >= 2**33:
         return decline("encoding needs 64-bit offsets")
+    warps = request.option("warps", WARPS)
+    if warps not in (4, 8):
+        return decline(f"options warps={warps!r}: expected 4 or 8")
+    if request.option("tile_m") is not None and request.option("tile_m") < 16 * warps:
+        return decline(f"options tile_m={request.option('tile_m')} with {warps} warps: each warp needs 16 rows")
     for name, allowed in (("tile_m", (64, 128, 256)), ("split_k", None), ("reduction", REDUCTIONS)):
         value = request.option(name)
         if value is None:
@@ -178,8 +189,9 @@ def gate(stats, request: Request):
             return decline(f"options split_k={value!r}: expected a positive integer")
         if allowed is not None and value not in allowed:
             return decline(f"options {name}={value!r}: expected one of {allowed}")
-    if request.option("tile_m") == 256 and block_n(request.n) > 32:
-        return decline("options tile_m=256 with 64 columns per block needs 128 accumulators per thread (spills)")
+    if request.option("tile_m") == 256 and block_n(request.n) > 32 and warps == 4:
+        return decline("options tile_m=256 with 64 columns per block needs 128 accumulators per thread (spills) "
+                       "with 4 warps (options warps=8 halves them)")
     return None
 
 
@@ -237,11 +249,16 @@ def predict(stats, tile_m: int, bn: int, n_tiles: int, sms: int, bytes_fn, issue
 
 # ---- split-K ----------------------------------------------------------------------------------
 
-def resident_blocks(regs_per_thread: int, smem_bytes: int) -> int:
-    """Blocks of THREADS threads an SM holds with `regs_per_thread` registers and `smem_bytes` of
+def block_limit(threads: int) -> int:
+    """Resident blocks of `threads` threads the SM's 64 warp slots allow."""
+    return MAX_BLOCKS_PER_SM * THREADS // threads
+
+
+def resident_blocks(regs_per_thread: int, smem_bytes: int, threads: int = THREADS) -> int:
+    """Blocks of `threads` threads an SM holds with `regs_per_thread` registers and `smem_bytes` of
     shared memory each (registers are allocated in units of 8 per thread)."""
     regs = -(-regs_per_thread // 8) * 8
-    return max(1, min(MAX_BLOCKS_PER_SM, REGS_PER_SM // (regs * THREADS),
+    return max(1, min(block_limit(threads), REGS_PER_SM // (regs * threads),
                       SMEM_PER_SM // (smem_bytes + SMEM_PER_BLOCK_RESERVED)))
 
 
@@ -256,12 +273,12 @@ def smem_budget(blocks: int) -> int:
 
 
 def ring_shape(fixed: int, per_stage: int, tile_bytes: float, regs: int, min_stages: int, max_stages: int,
-               max_blocks: int, forced_stages: int | None = None) -> tuple[int, int]:
+               max_blocks: int, forced_stages: int | None = None, threads: int = THREADS) -> tuple[int, int]:
     """(resident blocks per SM, ring depth) of a block with `fixed` + stages x `per_stage` bytes of
     shared memory and `regs` registers per thread, streaming `tile_bytes` per stage: the most blocks
     (at most `max_blocks`, as registers allow) whose ring keeps IN_FLIGHT_BYTES per SM moving with the
     fewest stages that fit; failing that, fewer blocks with the deepest ring that fits."""
-    reg_blocks = max(1, min(MAX_BLOCKS_PER_SM, max_blocks, REGS_PER_SM // (THREADS * (-(-regs // 8) * 8))))
+    reg_blocks = max(1, min(block_limit(threads), max_blocks, REGS_PER_SM // (threads * (-(-regs // 8) * 8))))
     for blocks in range(reg_blocks, 0, -1):
         need = -(-IN_FLIGHT_BYTES // max(1, int(blocks * tile_bytes))) + 1
         stages = forced_stages or min(max_stages, max(min_stages, need))
@@ -435,7 +452,7 @@ def main_args(spec: TiledSpec, format_args: tuple) -> tuple:
 
 def steps(spec: TiledSpec, format_args: tuple, kernel: str, shared_bytes: int) -> tuple:
     main = Step(kernel, main_args(spec, format_args),
-                Launch((spec.n_tiles, spec.m_tiles, spec.split_k), (THREADS, 1, 1), shared_bytes))
+                Launch((spec.n_tiles, spec.m_tiles, spec.split_k), (spec.threads, 1, 1), shared_bytes))
     if spec.reduction != "two_step":
         return (main,)
     args = (Arg("workspace", "scratch"),) + ((Arg("bias", "plan"),) if spec.bias else ()) + (Arg("y", "output"),)

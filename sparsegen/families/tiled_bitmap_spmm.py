@@ -33,9 +33,14 @@ DEFAULT_MIN_STAGES = 3  # unless asked for (options stages=2): one tile landing 
 # blocks to keep the schedulers busy while one block waits at its barrier or on shared memory, so
 # as many resident blocks as registers and shared memory allow, up to MAX_BLOCKS (24 warps).
 MAX_BLOCKS = 6
+MAX_BLOCKS_W8 = 4  # 8-warp blocks: up to 32 warps
 REGS_BASE = 56  # besides accumulators and fragments: bitmap words, fragment starts, decode temporaries
 DECODE_ISSUE = 45  # warp instructions to decode one 16x16 fragment: 8 predicated loads ~3.5 each, its start ~12
-OFFSET_BYTES = 32  # a tile's 4 slice starts and the next tile's (two 16-byte chunks)
+
+
+def offset_bytes(warps: int) -> int:
+    """A stage's slice starts: the tile's `warps` and the next tile's (16-byte chunks)."""
+    return 8 * warps
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,7 @@ class Spec(T.TiledSpec):
 
     @property
     def stage_bytes(self) -> int:
-        return stage_bytes(self.tile_m, self.bn, self.vcap)
+        return stage_bytes(self.tile_m, self.bn, self.vcap, self.warps)
 
     @property
     def shared_bytes(self) -> int:
@@ -62,23 +67,24 @@ class Spec(T.TiledSpec):
         return max(self.stages * self.stage_bytes, self.exchange_bytes)
 
 
-def stage_bytes(tile_m: int, bn: int, vcap: int) -> int:
-    return tile_m * 8 + OFFSET_BYTES + -(-2 * vcap // 128) * 128 + T.TILE_K * bn * 2
+def stage_bytes(tile_m: int, bn: int, vcap: int, warps: int = T.WARPS) -> int:
+    return tile_m * 8 + offset_bytes(warps) + -(-2 * vcap // 128) * 128 + T.TILE_K * bn * 2
 
 
-def registers(tile_m: int, bn: int) -> int:
+def registers(tile_m: int, bn: int, warps: int = T.WARPS) -> int:
     """Registers per thread (ptxas, sm_90, within 10 %)."""
-    mf, nf = tile_m // T.WARPS // 16, bn // 8
+    mf, nf = tile_m // warps // 16, bn // 8
     return REGS_BASE + 4 * mf * nf + 4 * mf + 2 * nf + 2 * mf
 
 
-def ring_for(tile_m: int, bn: int, vcap: int, request: Request) -> tuple[int, int]:
+def ring_for(tile_m: int, bn: int, vcap: int, request: Request, warps: int = T.WARPS) -> tuple[int, int]:
     """(resident blocks, ring depth) for stages of `vcap` halves of values: `T.ring_shape` (the most
     blocks whose ring keeps T.IN_FLIGHT_BYTES moving; options stages= forces the depth)."""
     forced = request.option("stages")
-    return T.ring_shape(0, stage_bytes(tile_m, bn, vcap), stage_bytes(tile_m, bn, vcap), registers(tile_m, bn),
-                        DEFAULT_MIN_STAGES, MAX_STAGES, MAX_BLOCKS,
-                        None if forced is None else max(MIN_STAGES, int(forced)))
+    stage = stage_bytes(tile_m, bn, vcap, warps)
+    return T.ring_shape(0, stage, stage, registers(tile_m, bn, warps), DEFAULT_MIN_STAGES, MAX_STAGES,
+                        MAX_BLOCKS if warps == T.WARPS else MAX_BLOCKS_W8, None if forced is None else max(MIN_STAGES, int(forced)),
+                        threads=32 * warps)
 
 
 def bitmap_bytes(tile_m: int):
@@ -99,15 +105,16 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     n, (m, k) = request.n, stats.shape
     bn = T.block_n(n)
     sms = sm_count(request.arch)
+    warps = int(request.option("warps", T.WARPS))
     vcap_est = -(-max(stats.tiles.max_nnz, 8) // 8) * 8  # the fullest analysed 128 x 64 tile
-    resident, _ = ring_for(128, bn, vcap_est, request)
+    resident, _ = ring_for(128, bn, vcap_est, request, warps)
     est = cost(stats, request, 128, bn)
     split = T.choose_split(stats, request, n, bn, resident, est.bytes, est.seconds(sms),
-                           heights=(128, 64), target_blocks=min(resident, 4))
+                           heights=tuple(h for h in (128, 64) if h >= 16 * warps), target_blocks=min(resident, 4))
     vcap = -(-max(vcap_est * split.tile_m // 128, 8) // 8) * 8
-    blocks, stages = ring_for(split.tile_m, bn, vcap, request)
+    blocks, stages = ring_for(split.tile_m, bn, vcap, request, warps)
     spec = Spec(T.DTYPE_SHORT[request.dtype], T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
-                split.reduction, request.bias, request.relu, blocks, stages=stages,
+                split.reduction, request.bias, request.relu, blocks, warps, stages=stages,
                 l2_prefetch=bool(request.option("l2_prefetch", False)))
     return spec, f"{blocks} blocks per SM; {split.reason}"
 
@@ -165,14 +172,14 @@ FORMAT_ARGS = (Arg("bitmaps", "plan"), Arg("values", "plan"), Arg("slice_offsets
 
 
 def encode(csr, spec: Spec, bias=None):
-    plan = FORMAT.encode(csr, T.DTYPE_LONG[spec.dtype], spec.tile_m, bias, warps=T.WARPS)
+    plan = FORMAT.encode(csr, T.DTYPE_LONG[spec.dtype], spec.tile_m, bias, warps=spec.warps)
     return T.with_scratch(plan, spec)
 
 
 def finalize(spec: Spec, plan, request: Request) -> Spec:
     """Size a stage's value buffer for the fullest tile, then the ring depth and residency."""
     vcap = max(8, plan.constants["max_tile_values"])
-    blocks, stages = ring_for(spec.tile_m, spec.bn, vcap, request)
+    blocks, stages = ring_for(spec.tile_m, spec.bn, vcap, request, spec.warps)
     return dataclasses.replace(spec, vcap=vcap, stages=stages, min_blocks=blocks)
 
 
