@@ -14,8 +14,8 @@ the chooser would build now (the fit should serve the specs that are selected).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import math
 import os
 import re
 import sys
@@ -74,19 +74,22 @@ def rows_from_probe(path: str, only_defaults: bool) -> list:
 
 
 def matches_chooser(fam: str, m: int, k: int, density: float, n: int, spec: str) -> bool:
-    chosen, _ = skinny_cost.tiled_family(fam).choose(uniform_stats(m, k, density), Request("spmm", n=n, dtype="float16"))
+    stats, _ = case(m, k, density, n, spec)
+    chosen, _ = skinny_cost.tiled_family(fam).choose(stats, Request("spmm", n=n, dtype="float16"))
     return spec_options(chosen.name) == spec_options(spec)
+
+
+@functools.cache
+def case(m: int, k: int, density: float, n: int, spec: str):
+    """(stats, request) of a row: built once, then reused by every evaluation of the fit."""
+    request = Request("spmm", n=n, dtype="float16", options=tuple(sorted(spec_options(spec).items())))
+    return uniform_stats(m, k, density), request
 
 
 def predict(row, rates) -> float:
     fam, m, k, density, n, spec, _ = row
-    saved = skinny_cost.RATES[fam]
-    skinny_cost.RATES[fam] = skinny_cost.TileRates(*rates[:3], rates[3] * 1e-6)
-    try:
-        request = Request("spmm", n=n, dtype="float16", options=tuple(sorted(spec_options(spec).items())))
-        return skinny_cost.tiled_seconds(uniform_stats(m, k, density), request, fam)
-    finally:
-        skinny_cost.RATES[fam] = saved
+    stats, request = case(m, k, density, n, spec)
+    return skinny_cost.tiled_seconds(stats, request, fam, skinny_cost.TileRates(*rates[:3], rates[3] * 1e-6))
 
 
 def errors(rows, rates) -> np.ndarray:

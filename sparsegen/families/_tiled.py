@@ -154,6 +154,11 @@ def block_n(n: int) -> int:
     return bn
 
 
+def request_warps(request: Request) -> int:
+    """Warps per block the request asks for (options warps=), else WARPS."""
+    return int(request.option("warps", WARPS))
+
+
 # ---- the request gate both families share ------------------------------------------------------
 
 def gate(stats, request: Request):
@@ -176,9 +181,9 @@ def gate(stats, request: Request):
                        f"than CSR kernels' work on the nonzeros")
     if 4 * (stats.nnz + 4 * stats.tiles.tiles) >= 2**33:
         return decline("encoding needs 64-bit offsets")
-    warps = request.option("warps", WARPS)
-    if warps not in (4, 8):
-        return decline(f"options warps={warps!r}: expected 4 or 8")
+    if request.option("warps", WARPS) not in (4, 8):
+        return decline(f"options warps={request.option('warps')!r}: expected 4 or 8")
+    warps = request_warps(request)
     if request.option("tile_m") is not None and request.option("tile_m") < 16 * warps:
         return decline(f"options tile_m={request.option('tile_m')} with {warps} warps: each warp needs 16 rows")
     for name, allowed in (("tile_m", (64, 128, 256)), ("split_k", None), ("reduction", REDUCTIONS)):
@@ -254,14 +259,6 @@ def block_limit(threads: int) -> int:
     return MAX_BLOCKS_PER_SM * THREADS // threads
 
 
-def resident_blocks(regs_per_thread: int, smem_bytes: int, threads: int = THREADS) -> int:
-    """Blocks of `threads` threads an SM holds with `regs_per_thread` registers and `smem_bytes` of
-    shared memory each (registers are allocated in units of 8 per thread)."""
-    regs = -(-regs_per_thread // 8) * 8
-    return max(1, min(block_limit(threads), REGS_PER_SM // (regs * threads),
-                      SMEM_PER_SM // (smem_bytes + SMEM_PER_BLOCK_RESERVED)))
-
-
 # Bytes in flight per SM the ring depth aims at (a ring slot's W data and X tile): an SM's share of
 # HBM bandwidth (~22 GB/s) times the loaded memory latency (~1.5 us), with margin.
 IN_FLIGHT_BYTES = 48 * 1024
@@ -273,11 +270,13 @@ def smem_budget(blocks: int) -> int:
 
 
 def ring_shape(fixed: int, per_stage: int, tile_bytes: float, regs: int, min_stages: int, max_stages: int,
-               max_blocks: int, forced_stages: int | None = None, threads: int = THREADS) -> tuple[int, int]:
+               max_blocks: int, forced_stages: int | None = None, warps: int = WARPS) -> tuple[int, int]:
     """(resident blocks per SM, ring depth) of a block with `fixed` + stages x `per_stage` bytes of
     shared memory and `regs` registers per thread, streaming `tile_bytes` per stage: the most blocks
     (at most `max_blocks`, as registers allow) whose ring keeps IN_FLIGHT_BYTES per SM moving with the
-    fewest stages that fit; failing that, fewer blocks with the deepest ring that fits."""
+    fewest stages that fit; failing that, fewer blocks with the deepest ring that fits. Blocks have
+    `warps` warps; registers are allocated in units of 8 per thread."""
+    threads = 32 * warps
     reg_blocks = max(1, min(block_limit(threads), max_blocks, REGS_PER_SM // (threads * (-(-regs // 8) * 8))))
     for blocks in range(reg_blocks, 0, -1):
         need = -(-IN_FLIGHT_BYTES // max(1, int(blocks * tile_bytes))) + 1
@@ -333,6 +332,11 @@ def split_reduction_seconds(split: int, m: int, n: int, cluster: bool) -> tuple[
     return ("atomic", atomic) if atomic <= two_step else ("two_step", two_step)
 
 
+def usable_heights(heights: tuple, request: Request) -> tuple:
+    """The tile heights that give each of the request's warps whole m16 fragments."""
+    return tuple(h for h in heights if h >= 16 * request_warps(request))
+
+
 # Narrow blocks (bn <= 32): split-K measured on the H100 (probes/tiled_probe_split.txt: 4 OPT shapes
 # with K 7168-9216, M 7168-28672, 70 and 90 %, N 8-32, splits 1-28 with atomics): about 16 k-tiles
 # (K = 1024) per split was fastest or within 5 % of it for both families at every M, and fp32
@@ -356,7 +360,8 @@ def choose_split(stats, request: Request, n: int, bn: int, resident: int, w_byte
     if bn > NARROW_BN or forced:
         return modelled_split(stats, request, n, bn, resident, kernel_s, heights, target_blocks)
     sms = sm_count(request.arch)
-    tile_m = request.option("tile_m") or next((h for h in heights if h <= max(m, 64)), 64)
+    tile_m = request.option("tile_m") or next((h for h in usable_heights(heights, request)
+                                     if h <= max(m, 64)), 16 * request_warps(request))
     k_tiles = -(-k // TILE_K)
     max_split = max(1, k_tiles // MIN_K_TILES_PER_SPLIT)
     tiles = -(-m // tile_m) * -(-n // bn)
@@ -395,8 +400,9 @@ def modelled_split(stats, request: Request, n: int, bn: int, resident: int, kern
     n_tiles = -(-n // bn)
     k_tiles = -(-k // TILE_K)
     max_split = max(1, k_tiles // MIN_K_TILES_PER_SPLIT)
-    heights = (request.option("tile_m"),) if request.option("tile_m") else tuple(h for h in heights if h <= max(m, 64))
-    heights = heights or (64,)
+    heights = ((request.option("tile_m"),) if request.option("tile_m")
+               else tuple(h for h in usable_heights(heights, request) if h <= max(m, 64)))
+    heights = heights or (16 * request_warps(request),)
     forced = request.option("split_k")
     forced_reduction = request.option("reduction")
     cluster = cluster_ok(request) and forced_reduction in (None, "cluster")

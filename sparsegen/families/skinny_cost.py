@@ -98,13 +98,14 @@ def tiled_family(family: str):
     return {"tiled_csl_spmm": tiled_csl_spmm, "tiled_bitmap_spmm": tiled_bitmap_spmm}[family]
 
 
-def tiled_seconds(stats, request: Request, family: str) -> float:
-    """Predicted time of the spec `family` (tiled_csl_spmm or tiled_bitmap_spmm) would build."""
+def tiled_seconds(stats, request: Request, family: str, rates: TileRates | None = None) -> float:
+    """Predicted time of the spec `family` (tiled_csl_spmm or tiled_bitmap_spmm) would build, at
+    `rates` (default: RATES[family]; benchmarks/fit_skinny_rates.py tries others)."""
     from . import tiled_csl_spmm
 
     fam = tiled_family(family)
     spec, _ = fam.choose(stats, request)
-    rates, tiles = RATES[family], stats.tiles
+    rates, tiles = rates or RATES[family], stats.tiles
     bytes_fn = tiled_csl_spmm.csl_bytes if fam is tiled_csl_spmm else fam.bitmap_bytes(tiles.tile_rows)
     sms = sm_count(request.arch)
     dens, counts, empty = T.tile_densities(stats)

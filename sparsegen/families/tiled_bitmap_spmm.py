@@ -82,9 +82,9 @@ def ring_for(tile_m: int, bn: int, vcap: int, request: Request, warps: int = T.W
     blocks whose ring keeps T.IN_FLIGHT_BYTES moving; options stages= forces the depth)."""
     forced = request.option("stages")
     stage = stage_bytes(tile_m, bn, vcap, warps)
-    return T.ring_shape(0, stage, stage, registers(tile_m, bn, warps), DEFAULT_MIN_STAGES, MAX_STAGES,
-                        MAX_BLOCKS if warps == T.WARPS else MAX_BLOCKS_W8, None if forced is None else max(MIN_STAGES, int(forced)),
-                        threads=32 * warps)
+    max_blocks = MAX_BLOCKS if warps == T.WARPS else MAX_BLOCKS_W8
+    return T.ring_shape(0, stage, stage, registers(tile_m, bn, warps), DEFAULT_MIN_STAGES, MAX_STAGES, max_blocks,
+                        None if forced is None else max(MIN_STAGES, int(forced)), warps=warps)
 
 
 def bitmap_bytes(tile_m: int):
@@ -105,12 +105,12 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     n, (m, k) = request.n, stats.shape
     bn = T.block_n(n)
     sms = sm_count(request.arch)
-    warps = int(request.option("warps", T.WARPS))
+    warps = T.request_warps(request)
     vcap_est = -(-max(stats.tiles.max_nnz, 8) // 8) * 8  # the fullest analysed 128 x 64 tile
     resident, _ = ring_for(128, bn, vcap_est, request, warps)
     est = cost(stats, request, 128, bn)
     split = T.choose_split(stats, request, n, bn, resident, est.bytes, est.seconds(sms),
-                           heights=tuple(h for h in (128, 64) if h >= 16 * warps), target_blocks=min(resident, 4))
+                           heights=(128, 64), target_blocks=min(resident, 4))
     vcap = -(-max(vcap_est * split.tile_m // 128, 8) // 8) * 8
     blocks, stages = ring_for(split.tile_m, bn, vcap, request, warps)
     spec = Spec(T.DTYPE_SHORT[request.dtype], T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,

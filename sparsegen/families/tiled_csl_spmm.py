@@ -91,7 +91,7 @@ def ring_for(tile_m: int, bn: int, vectors: int, kt_per_split: int, request: Req
     fixed = w_buffers_bytes(tile_m) + 4 * (kt_per_split + 1)  # W buffers, the block's tile offsets
     slot = slot_bytes(bn, vectors)
     blocks, stages = T.ring_shape(fixed, slot, slot, registers(tile_m, bn, warps), MIN_STAGES, MAX_STAGES,
-                                  MAX_BLOCKS, forced, threads=32 * warps)
+                                  MAX_BLOCKS, forced, warps=warps)
     room = T.smem_budget(blocks) - fixed - stages * slot_bytes(bn, 0)
     return blocks, stages, max(1, min(vectors, room // (16 * stages)))
 
@@ -115,12 +115,12 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     n, (m, k) = request.n, stats.shape
     bn = T.block_n(n)
     k_tiles = -(-k // T.TILE_K)
-    warps = int(request.option("warps", T.WARPS))
+    warps = T.request_warps(request)
     vectors = -(-stats.tiles.max_nnz // 4)  # the fullest analysed 128 x 64 tile, in uint4 of words
     resident, _, _ = ring_for(128, bn, vectors, k_tiles, request, warps)
     est = cost(stats, request, 128, bn)
     split = T.choose_split(stats, request, n, bn, resident, est.bytes, est.seconds(sm_count(request.arch)),
-                           heights=tuple(h for h in (128, 64) if h >= 16 * warps), target_blocks=min(resident, 3))
+                           heights=(128, 64), target_blocks=min(resident, 3))
     kt_per_split = -(-k_tiles // split.split_k)
     blocks, stages, _ = ring_for(split.tile_m, bn, max(1, vectors * split.tile_m // 128), kt_per_split, request,
                                  warps)
