@@ -114,6 +114,16 @@ def split_grid(fam_name: str, stats, n: int, splits, heights, warps=(4,)) -> lis
     return out
 
 
+def warp_k_grid(fam_name: str, n: int) -> list[tuple[str, dict]]:
+    """`--sweep warpk`: the default, and Tiled-CSL with 2 and 4 k-groups where the accumulators allow."""
+    out = [(fam_name, {})]
+    if fam_name == "csl":
+        for wk in (2, 4):
+            if T.accumulators(128, T.block_n(n), T.WARPS, wk) <= T.MAX_ACCUMULATORS:
+                out.append((f"csl.wk{wk}", {"warp_k": wk}))
+    return out
+
+
 def variants(fam_name: str, stats, n: int, full: bool, sparsity: float | None = None) -> list[tuple[str, dict]]:
     """(label, options) of the variants of one family for one (W, N)."""
     out = [(fam_name, {})]
@@ -215,9 +225,10 @@ def main() -> int:
     ap.add_argument("--sparsity", type=float, nargs="*", default=SPARSITIES)
     ap.add_argument("--n", type=int, nargs="*", default=NS)
     ap.add_argument("--shapes", type=str, nargs="*", default=None, help="MxK, e.g. 7168x7168")
-    ap.add_argument("--sweep", choices=("all", "some", "none", "split"), default="some",
+    ap.add_argument("--sweep", choices=("all", "some", "none", "split", "warpk"), default="some",
                     help="forced variants for every (W, N), for N in {16, 64} (default), or none; "
-                         "split: the --splits x --heights grid (atomics) for every (W, N)")
+                         "split: the --splits x --heights grid (atomics) for every (W, N); "
+                         "warpk: Tiled-CSL with its warps in 1, 2 and 4 k-groups (options warp_k=)")
     ap.add_argument("--splits", type=int, nargs="*", default=[1, 2, 4, 7, 14, 28])
     ap.add_argument("--heights", type=int, nargs="*", default=[128])
     ap.add_argument("--warps", type=int, nargs="*", default=[4])
@@ -249,8 +260,12 @@ def main() -> int:
         for n in args.n:
             full = args.sweep == "all" or (args.sweep == "some" and n in (16, 64))
             for fam_name in FAMILIES:
-                grid = (split_grid(fam_name, stats[key], n, args.splits, args.heights, args.warps) if args.sweep == "split"
-                        else variants(fam_name, stats[key], n, full, key[2]))
+                if args.sweep == "split":
+                    grid = split_grid(fam_name, stats[key], n, args.splits, args.heights, args.warps)
+                elif args.sweep == "warpk":
+                    grid = warp_k_grid(fam_name, n)
+                else:
+                    grid = variants(fam_name, stats[key], n, full, key[2])
                 for label, options in grid:
                     todo.append((key, n, label, fam_name, options))
     jobs = {}

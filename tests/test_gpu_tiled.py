@@ -129,6 +129,21 @@ def test_eight_warp_blocks(family, n, tile_m, reduction):
     assert kernel.spec.warps == 8 and kernel.spec.tile_m == tile_m and ".w8" in kernel.spec.name
 
 
+@pytest.mark.parametrize("n,warp_k,tile_m,warps,reduction", [
+    (8, 4, 128, 4, "atomic"), (16, 4, 64, 4, "cluster"), (13, 4, 128, 4, "two_step"), (32, 2, 128, 4, "none"),
+    (24, 2, 64, 4, "atomic"), (16, 4, 128, 8, "cluster"), (1, 2, 128, 4, "atomic")])
+def test_k_group_warps(n, warp_k, tile_m, warps, reduction):
+    """Tiled-CSL with its warps in k-groups: full, empty and sparse tiles, residues, every reduction,
+    bias + ReLU, repeat calls (the k-groups re-zero only what they read)."""
+    dense = np.random.default_rng(5).standard_normal((128, 64))
+    a = sp.csr_matrix(sp.block_diag([dense, np.zeros((128, 64)), random_csr(300, 700, 0.3, seed=6).toarray(), dense]))
+    a.eliminate_zeros()
+    split = {"split_k": 3, "reduction": reduction} if reduction != "none" else {}
+    kernel = run_check(a, n, "tiled_csl_spmm", bias=np.linspace(-1, 1, a.shape[0]), relu=True, calls=2,
+                       warp_k=warp_k, tile_m=tile_m, warps=warps, **split)
+    assert kernel.spec.warp_k == warp_k and f".wk{warp_k}" in kernel.spec.name
+
+
 def test_split_past_the_cluster_limit_falls_back_to_atomics():
     a = random_csr(256, 64 * 40, 0.3, seed=21)
     kernel = run_check(a, 16, "tiled_csl_spmm", split_k=10)

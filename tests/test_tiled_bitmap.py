@@ -337,3 +337,26 @@ def test_odd_n_is_declined_with_the_reason(n):
     with pytest.raises(UnsupportedError, match=f"n={n} is odd"):
         sparsegen.compile(a, n=n, dtype="float16", backend="emulate", options={"family": fam.FAMILY})
     assert skinny_cost.compare(analyze(a), Request("spmm", n=n, dtype="float16")).get(fam.FAMILY) is None
+
+
+def test_k_groups_are_tiled_csl_only_and_bounded_by_accumulators():
+    a = random_csr(300, 500, 0.3, seed=8, empty_rows=0.1)
+    x = host_x(np.random.default_rng(8), 500, 16, "float16")
+    kernel = sparsegen.compile(a, n=16, dtype="float16", backend="emulate",
+                               options={"family": "tiled_csl_spmm", "warp_k": 4, "split_k": 2, "reduction": "atomic"})
+    assert kernel.spec.warp_k == 4 and kernel.spec.row_groups == 1 and ".wk4." in kernel.spec.name
+    assert "constexpr int WARP_K = 4;" in kernel.source and "reduce_k_groups(acc, smem, warp, lane);" in kernel.source
+    assert "4 k-groups" in kernel.describe()["selection"]["reason"]
+    assert kernel.spec.shared_bytes >= kernel.spec.k_group_bytes == 3 * kernel.spec.tile_m * 16 * 4
+    assert rel_error(kernel(x), reference(rounded_half(a, "float16"), x.astype(np.float32))) <= TOL["float16"]
+    plain = sparsegen.compile(a, n=16, dtype="float16", backend="emulate", options={"family": "tiled_csl_spmm"})
+    assert plain.spec.warp_k == 1 and "reduce_k_groups" not in plain.source
+    with pytest.raises(UnsupportedError, match="warp rows"):
+        sparsegen.compile(a, n=16, dtype="float16", backend="emulate",
+                          options={"family": "tiled_bitmap_spmm", "warp_k": 2})
+    with pytest.raises(UnsupportedError, match="accumulators"):  # 8 m16 x 4 n8 fragments per warp
+        sparsegen.compile(a, n=32, dtype="float16", backend="emulate",
+                          options={"family": "tiled_csl_spmm", "warp_k": 4})
+    with pytest.raises(UnsupportedError, match="warp_k"):
+        sparsegen.compile(a, n=16, dtype="float16", backend="emulate",
+                          options={"family": "tiled_csl_spmm", "warp_k": 3})

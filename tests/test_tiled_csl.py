@@ -314,8 +314,11 @@ CODE_SHAPES = [  # (m, k, density, n, dtype, options): one per code path
     (256, 900, 0.1, 8, "float16", {"stages": 8, "tile_m": 64}),  # deep ring, two-fragment warps
     (300, 900, 0.3, 16, "float16", {"warps": 8, "split_k": 3, "reduction": "atomic"}),  # 8 warps, one m16 each
     (512, 700, 0.4, 64, "bfloat16", {"warps": 8, "tile_m": 256, "split_k": 2, "reduction": "cluster"}),  # 8 x 32 rows
+    (300, 900, 0.3, 16, "float16", {"warp_k": 4, "split_k": 3, "reduction": "atomic"}),  # 4 k-groups, 128 rows each
+    (300, 900, 0.3, 13, "float16", {"warp_k": 2, "tile_m": 64, "split_k": 2, "reduction": "cluster"}),  # 2 x 2
+    (300, 900, 0.3, 8, "float16", {"warp_k": 4, "warps": 8, "split_k": 2, "reduction": "two_step"}),  # 2 x 4
 ]
-CSL_ONLY = ("strict_banks", "cap_vecs")
+CSL_ONLY = ("strict_banks", "cap_vecs", "warp_k")
 
 
 @pytest.mark.nvcc

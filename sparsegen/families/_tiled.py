@@ -81,6 +81,10 @@ class TiledSpec(KernelSpec):
     relu: bool = False
     min_blocks: int = 1  # __launch_bounds__ minimum resident blocks per SM: caps registers at 64K / (threads x this)
     warps: int = WARPS  # warps per block, each owning tile_m / warps rows (4, or 8: half the rows per warp)
+    # k-groups the warps form (Tiled-CSL): warps // warp_k row groups x warp_k k-groups, each warp
+    # multiplying its row group's rows over 1 / warp_k of each tile's k16 steps, so it loads only its
+    # share of the X tile's B fragments; the groups' sums meet in shared memory before the epilogue
+    warp_k: int = 1
 
     @property
     def m_tiles(self) -> int:
@@ -103,8 +107,12 @@ class TiledSpec(KernelSpec):
         return 32 * self.warps
 
     @property
+    def row_groups(self) -> int:
+        return self.warps // self.warp_k
+
+    @property
     def warp_rows(self) -> int:
-        return self.tile_m // self.warps
+        return self.tile_m // self.row_groups
 
     @property
     def mf(self) -> int:
@@ -124,12 +132,18 @@ class TiledSpec(KernelSpec):
         """Shared memory the cluster reduction's exchange buffer takes (rows of BN + 8 floats)."""
         return self.tile_m * (self.bn if self.bn == 8 else self.bn + 8) * 4 if self.reduction == "cluster" else 0
 
+    @property
+    def k_group_bytes(self) -> int:
+        """Shared memory the k-groups' partial sums take before the epilogue (warp_k > 1)."""
+        return (self.warp_k - 1) * self.tile_m * self.bn * 4
+
     def base_name(self) -> str:
         out = f".o{self.out}" if self.out != self.dtype else ""
         red = {"none": "", "atomic": "a", "two_step": "r", "cluster": "c"}[self.reduction]
         epi = epilogue_suffix(self.bias, self.relu)
         mb = f".mb{self.min_blocks}" if self.min_blocks > 1 else ""
         mb += f".w{self.warps}" if self.warps != WARPS else ""
+        mb += f".wk{self.warp_k}" if self.warp_k != 1 else ""
         return (f"{self.family}.{self.dtype}{out}.m{self.m}k{self.k}n{self.n}.t{self.tile_m}x{TILE_K}"
                 f".bn{self.bn}.sk{self.split_k}{red}{mb}"), epi
 
@@ -137,7 +151,7 @@ class TiledSpec(KernelSpec):
         """Template variables: the fields plus the derived constants every template needs."""
         d = super().fields()
         d.update(m_tiles=self.m_tiles, k_tiles=self.k_tiles, n_tiles=self.n_tiles, kt_per_split=self.kt_per_split,
-                 warps=self.warps, threads=self.threads, warp_rows=self.warp_rows, mf=self.mf, nf=self.nf, xv=self.xv,
+                 warps=self.warps, threads=self.threads, row_groups=self.row_groups, warp_rows=self.warp_rows, mf=self.mf, nf=self.nf, xv=self.xv,
                  tile_k=TILE_K)
         return d
 
@@ -157,6 +171,19 @@ def block_n(n: int) -> int:
 def request_warps(request: Request) -> int:
     """Warps per block the request asks for (options warps=), else WARPS."""
     return int(request.option("warps", WARPS))
+
+
+MAX_ACCUMULATORS = 64  # fp32 accumulators per thread (MF x NF x 4) a spec may ask for: more spill
+
+
+def accumulators(tile_m: int, bn: int, warps: int = WARPS, warp_k: int = 1) -> int:
+    """fp32 accumulators per thread: the warp's m16 fragments x n8 fragments x 4."""
+    return 4 * (tile_m // (warps // warp_k) // 16) * (bn // 8)
+
+
+def request_warp_k(request: Request) -> int:
+    """k-groups the request asks for (options warp_k=), else 1."""
+    return int(request.option("warp_k", 1))
 
 
 # ---- the request gate both families share ------------------------------------------------------
@@ -184,7 +211,10 @@ def gate(stats, request: Request):
     if request.option("warps", WARPS) not in (4, 8):
         return decline(f"options warps={request.option('warps')!r}: expected 4 or 8")
     warps = request_warps(request)
-    if request.option("tile_m") is not None and request.option("tile_m") < 16 * warps:
+    if request.option("warp_k", 1) not in (1, 2, 4):
+        return decline(f"options warp_k={request.option('warp_k')!r}: expected 1, 2 or 4 (k16 steps of a tile: 4)")
+    warp_k = request_warp_k(request)
+    if warp_k == 1 and request.option("tile_m") is not None and request.option("tile_m") < 16 * warps:
         return decline(f"options tile_m={request.option('tile_m')} with {warps} warps: each warp needs 16 rows")
     for name, allowed in (("tile_m", (64, 128, 256)), ("split_k", None), ("reduction", REDUCTIONS)):
         value = request.option(name)
@@ -197,6 +227,14 @@ def gate(stats, request: Request):
     if request.option("tile_m") == 256 and block_n(request.n) > 32 and warps == 4:
         return decline("options tile_m=256 with 64 columns per block needs 128 accumulators per thread (spills) "
                        "with 4 warps (options warps=8 halves them)")
+    if warp_k > 1:
+        tile_m = request.option("tile_m") or 128
+        if tile_m < 16 * warps // warp_k:
+            return decline(f"options tile_m={tile_m} with {warps // warp_k} row groups: each needs 16 rows")
+        acc = accumulators(tile_m, block_n(request.n), warps, warp_k)
+        if acc > MAX_ACCUMULATORS:
+            return decline(f"options warp_k={warp_k} with {block_n(request.n)} columns per block and {tile_m}-row "
+                           f"tiles: {acc} fp32 accumulators per thread (at most {MAX_ACCUMULATORS})")
     return None
 
 
@@ -334,7 +372,7 @@ def split_reduction_seconds(split: int, m: int, n: int, cluster: bool) -> tuple[
 
 def usable_heights(heights: tuple, request: Request) -> tuple:
     """The tile heights that give each of the request's warps whole m16 fragments."""
-    return tuple(h for h in heights if h >= 16 * request_warps(request))
+    return tuple(h for h in heights if h >= 16 * request_warps(request) // request_warp_k(request))
 
 
 # Narrow blocks (bn <= 32): split-K measured on the H100 (probes/tiled_probe_split.txt: 4 OPT shapes

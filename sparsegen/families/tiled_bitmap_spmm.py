@@ -143,6 +143,9 @@ def gate(stats, request: Request):
     (warp 3's of every 64-row tile; tests/test_gpu_tiled.py) while N = 2 and 8 were right. Until that
     is found, odd N goes to Tiled-CSL, dense or the CSR kernels."""
     declined = T.gate(stats, request)
+    if declined is None and T.request_warp_k(request) != 1:
+        return decline(f"options warp_k={T.request_warp_k(request)}: the bitmap encoding slices each tile by "
+                       f"warp rows (k-groups are Tiled-CSL's)")
     if declined is None and request.n % 2 == 1:
         return decline(f"n={request.n} is odd: the bitmap kernel's odd-N path gave wrong results with "
                        f"split-K on the H100 and is disabled until fixed")

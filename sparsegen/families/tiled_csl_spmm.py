@@ -58,8 +58,10 @@ class Spec(T.TiledSpec):
 
     @property
     def shared_bytes(self) -> int:
-        """Dynamic shared memory: two W buffers and the ring (or the cluster exchange, if larger)."""
-        return max(w_buffers_bytes(self.tile_m) + self.stages * self.slot_bytes, self.exchange_bytes)
+        """Dynamic shared memory: two W buffers and the ring (or the cluster exchange or the k-groups'
+        partial sums, if larger)."""
+        return max(w_buffers_bytes(self.tile_m) + self.stages * self.slot_bytes, self.exchange_bytes,
+                   self.k_group_bytes)
 
     @property
     def static_bytes(self) -> int:
@@ -74,14 +76,14 @@ def slot_bytes(bn: int, cap_vecs: int) -> int:
     return T.TILE_K * bn * 2 + 16 * cap_vecs
 
 
-def registers(tile_m: int, bn: int, warps: int = T.WARPS) -> int:
+def registers(tile_m: int, bn: int, warps: int = T.WARPS, warp_k: int = 1) -> int:
     """Registers per thread (ptxas, sm_90, within 10 %): accumulators, A and B fragments, the rest."""
-    mf, nf = tile_m // warps // 16, bn // 8
+    mf, nf = tile_m // (warps // warp_k) // 16, bn // 8
     return REGS_BASE + 4 * mf * nf + 4 * mf + 2 * nf
 
 
 def ring_for(tile_m: int, bn: int, vectors: int, kt_per_split: int, request: Request,
-             warps: int = T.WARPS) -> tuple[int, int, int]:
+             warps: int = T.WARPS, warp_k: int = 1) -> tuple[int, int, int]:
     """(resident blocks, ring depth, vectors per slot) for tiles of at most `vectors` uint4 of words:
     `T.ring_shape` (the most blocks whose ring keeps T.IN_FLIGHT_BYTES moving; options stages= forces
     the depth); a slot holds the fullest tile unless even the shallowest ring of one block could not,
@@ -90,7 +92,7 @@ def ring_for(tile_m: int, bn: int, vectors: int, kt_per_split: int, request: Req
     forced = None if forced is None else max(MIN_STAGES, int(forced))
     fixed = w_buffers_bytes(tile_m) + 4 * (kt_per_split + 1)  # W buffers, the block's tile offsets
     slot = slot_bytes(bn, vectors)
-    blocks, stages = T.ring_shape(fixed, slot, slot, registers(tile_m, bn, warps), MIN_STAGES, MAX_STAGES,
+    blocks, stages = T.ring_shape(fixed, slot, slot, registers(tile_m, bn, warps, warp_k), MIN_STAGES, MAX_STAGES,
                                   MAX_BLOCKS, forced, warps=warps)
     room = T.smem_budget(blocks) - fixed - stages * slot_bytes(bn, 0)
     return blocks, stages, max(1, min(vectors, room // (16 * stages)))
@@ -115,23 +117,25 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     n, (m, k) = request.n, stats.shape
     bn = T.block_n(n)
     k_tiles = -(-k // T.TILE_K)
-    warps = T.request_warps(request)
+    warps, warp_k = T.request_warps(request), T.request_warp_k(request)
     vectors = -(-stats.tiles.max_nnz // 4)  # the fullest analysed 128 x 64 tile, in uint4 of words
-    resident, _, _ = ring_for(128, bn, vectors, k_tiles, request, warps)
+    resident, _, _ = ring_for(128, bn, vectors, k_tiles, request, warps, warp_k)
     est = cost(stats, request, 128, bn)
     split = T.choose_split(stats, request, n, bn, resident, est.bytes, est.seconds(sm_count(request.arch)),
                            heights=(128, 64), target_blocks=min(resident, 3))
     kt_per_split = -(-k_tiles // split.split_k)
     blocks, stages, _ = ring_for(split.tile_m, bn, max(1, vectors * split.tile_m // 128), kt_per_split, request,
-                                 warps)
+                                 warps, warp_k)
     spec = Spec(T.DTYPE_SHORT[request.dtype], T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
-                split.reduction, request.bias, request.relu, blocks, warps, stages=stages,
+                split.reduction, request.bias, request.relu, blocks, warps, warp_k, stages=stages,
                 strict_banks=bool(request.option("strict_banks", False)),
                 l2_prefetch=bool(request.option("l2_prefetch", False)))
     reason = (f"density {stats.density:.2f}: Tiled-CSL {est.bytes / max(m * k, 1):.2f} B/element "
               f"({4 * stats.density:.2f} for values + positions); {spec.tile_m}x{T.TILE_K} tiles, {bn} columns "
               f"per block ({spec.n_tiles} column tile{'s' if spec.n_tiles > 1 else ''}), {stages}-slot cp.async ring, "
-              f"{blocks} blocks per SM; {split.reason}"
+              f"{blocks} blocks per SM"
+              f"{f'; warps in {warp_k} k-groups (each loads 1/{warp_k} of the X fragments)' if warp_k > 1 else ''}"
+              f"; {split.reason}"
               f"{'; strictly bank-conflict-free scatter (padded banks)' if spec.strict_banks else ''}")
     return spec, reason
 
@@ -170,7 +174,7 @@ def finalize(spec: Spec, plan, request: Request) -> Spec:
     """Size a ring slot for the fullest tile, then the depth and residency (`ring_for`); options
     cap_vecs= forces the slot size (e.g. to exercise the from-global rest)."""
     blocks, stages, cap = ring_for(spec.tile_m, spec.bn, plan.constants["max_tile_vectors"], spec.kt_per_split,
-                                   request, spec.warps)
+                                   request, spec.warps, spec.warp_k)
     forced = request.option("cap_vecs")
     cap = max(1, int(forced)) if forced is not None else cap
     return dataclasses.replace(spec, min_blocks=blocks, stages=stages, cap_vecs=cap)
