@@ -19,6 +19,7 @@ from sparsegen.errors import ShapeError, UnsupportedError
 from sparsegen.families import tiled_csl_spmm as fam
 from sparsegen.formats import halfbits
 from sparsegen.formats import tiled_csl as fmt
+from sparsegen.render import render
 from .tiled_helpers import select_tiled as select
 
 from .helpers import random_csr, reference, rel_error
@@ -222,8 +223,9 @@ def test_spec_name_spells_every_parameter():
     assert fam.Spec("f16", "f16", 64, 640, 8, 64, 8, 5, "cluster").name.startswith(
         "tiled_csl_spmm.f16.m64k640n8.t64x64.bn8.sk5c.")
     assert spec.kt_per_split == 90 and spec.mf == 2 and spec.nf == 4 and spec.xv == 8
-    # shared memory: two W buffers (tile + 128-byte sink) and the ring slots (X tile + words)
-    assert spec.shared_bytes == 2 * (128 * 64 * 2 + 128) + 6 * (64 * 32 * 2 + 16 * 90)
+    # shared memory: two W buffers (tile + 128-byte sink) and the ring slots (X tile + words, whole 128-byte rows)
+    assert spec.shared_bytes == 2 * (128 * 64 * 2 + 128) + 6 * (64 * 32 * 2 + 16 * 96)
+    assert "constexpr int SLOT_BYTES = (X_TILE_BYTES + CAP_VECS * 16 + 127) / 128 * 128;" in render(spec)
     cluster = fam.Spec("f16", "f16", 4096, 4096, 64, 128, 64, 4, "cluster", stages=3, cap_vecs=1)
     assert cluster.exchange_bytes == 128 * 72 * 4 and cluster.shared_bytes >= cluster.exchange_bytes
 

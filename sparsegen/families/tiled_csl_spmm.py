@@ -73,7 +73,9 @@ def w_buffers_bytes(tile_m: int) -> int:
 
 
 def slot_bytes(bn: int, cap_vecs: int) -> int:
-    return T.TILE_K * bn * 2 + 16 * cap_vecs
+    """A ring slot: the X tile and `cap_vecs` uint4 of words, rounded up to 128 bytes (the template's
+    SLOT_BYTES) so every slot's cp.async copies start on a bank row."""
+    return -(-(T.TILE_K * bn * 2 + 16 * cap_vecs) // 128) * 128
 
 
 def registers(tile_m: int, bn: int, warps: int = T.WARPS, warp_k: int = 1) -> int:
@@ -94,8 +96,8 @@ def ring_for(tile_m: int, bn: int, vectors: int, kt_per_split: int, request: Req
     slot = slot_bytes(bn, vectors)
     blocks, stages = T.ring_shape(fixed, slot, slot, registers(tile_m, bn, warps, warp_k), MIN_STAGES, MAX_STAGES,
                                   MAX_BLOCKS, forced, warps=warps)
-    room = T.smem_budget(blocks) - fixed - stages * slot_bytes(bn, 0)
-    return blocks, stages, max(1, min(vectors, room // (16 * stages)))
+    per_slot = (T.smem_budget(blocks) - fixed) // stages // 128 * 128  # slots are whole 128-byte rows
+    return blocks, stages, max(1, min(vectors, (per_slot - slot_bytes(bn, 0)) // 16))
 
 
 def csl_bytes(nnz):
