@@ -73,13 +73,13 @@ def test_model_reproduces_the_measured_times(torch_binding):
 @pytest.mark.parametrize("row", probe_rows(), ids=lambda r: f"{r[0]}x{r[1]}-s{r[2]}-n{r[3]}")
 def test_selected_kernel_is_never_measured_below_095x_cublas_and_takes_clear_wins(row, torch_binding):
     """The family the rules pick, looked up in the measured row: at least 0.95x cuBLAS, and a tiled
-    kernel whenever one was measured 1.25x faster than cuBLAS (the 15 % margin the model keeps plus
-    its error: a 1.16x win was left to dense)."""
+    kernel whenever one was measured 1.15x faster than cuBLAS (the 7 % margin the model keeps plus
+    its error)."""
     m, k, sparsity, n, nnz, measured = row
     chosen = select_request(uniform_stats(m, k, nnz / (m * k)), request(n)).spec.family
     assert measured["dense_gemm"] / measured[chosen] >= 0.95, (chosen, measured)
     best = min(measured, key=measured.get)
-    if measured["dense_gemm"] / measured[best] >= 1.25:
+    if measured["dense_gemm"] / measured[best] >= 1.15:
         assert chosen != "dense_gemm", measured
 
 
@@ -123,7 +123,7 @@ def test_exactly_one_skinny_rule_accepts_unless_the_csr_kernels_are_predicted_fa
 def test_reasons_state_the_predictions_and_the_cublas_binding(torch_binding):
     sel = select_request(uniform_stats(7168, 7168, 0.5), request(64))
     assert sel.spec.family == "dense_gemm" and sel.spec.library == "torch"
-    assert re.search(r"no sparse kernel predicted 15% faster than dense: dense cuBLAS via torch [\d.]+ ms, "
+    assert re.search(r"no sparse kernel predicted 7% faster than dense: dense cuBLAS via torch [\d.]+ ms, "
                      r"(Tiled-CSL|bitmap) [\d.]+ ms, (Tiled-CSL|bitmap) [\d.]+ ms", sel.reason), sel.reason
     assert "torch.matmul" in sel.reason and "tile densities" in sel.reason and "102.8 MB" in sel.reason
     declines = dict((r, why) for r, _, why in sel.tried)

@@ -58,10 +58,12 @@ CSR_GATHER_BYTES_PER_S = 16e12
 CSR_INDEX16_MAX_COLS = 32767  # sputnik_spmm's 16-bit column indices in fp16
 # An empty tile: its offsets and one loop trip (an estimate: the probe's uniform matrices have none).
 EMPTY_TILE_CYCLES = 50.0
-# The model's error on llm_probe.txt reaches 15 %, and a sparse pick that loses to dense costs more
-# than a missed win (the llm suite asks for >= 0.95x cuBLAS at 50 % sparsity): a sparse kernel must be
-# predicted this much faster than dense, so that a wrong pick still lands near 1x dense.
-SPARSE_MARGIN = 0.15
+# A sparse pick that loses to dense costs more than a missed win (the llm suite asks for >= 0.95x cuBLAS
+# at 50 % sparsity): a sparse kernel must be predicted this much faster than dense, so that a wrong pick
+# still lands near 1x dense. 7 %: the rates' median error on llm-calibration/ (6.4 % CSL, 4.1 % bitmap);
+# read off the two 64-case runs of the current kernels, 7 % instead of the former 15 % raises the
+# geomean 1-3 % at every sparsity and picks no sparse kernel measured below 1.0x cuBLAS.
+SPARSE_MARGIN = 0.07
 
 
 @dataclass(frozen=True)
