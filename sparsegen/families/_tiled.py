@@ -214,8 +214,10 @@ def gate(stats, request: Request):
     if request.option("warp_k", 1) not in (1, 2, 4):
         return decline(f"options warp_k={request.option('warp_k')!r}: expected 1, 2 or 4 (k16 steps of a tile: 4)")
     warp_k = request_warp_k(request)
-    if warp_k == 1 and request.option("tile_m") is not None and request.option("tile_m") < 16 * warps:
-        return decline(f"options tile_m={request.option('tile_m')} with {warps} warps: each warp needs 16 rows")
+    row_groups = warps // warp_k
+    if request.option("tile_m") is not None and request.option("tile_m") < 16 * row_groups:
+        return decline(f"options tile_m={request.option('tile_m')} with {warps} warps in {row_groups} row groups: "
+                       f"each group needs 16 rows")
     for name, allowed in (("tile_m", (64, 128, 256)), ("split_k", None), ("reduction", REDUCTIONS)):
         value = request.option(name)
         if value is None:
@@ -224,17 +226,12 @@ def gate(stats, request: Request):
             return decline(f"options split_k={value!r}: expected a positive integer")
         if allowed is not None and value not in allowed:
             return decline(f"options {name}={value!r}: expected one of {allowed}")
-    if request.option("tile_m") == 256 and block_n(request.n) > 32 and warps == 4:
-        return decline("options tile_m=256 with 64 columns per block needs 128 accumulators per thread (spills) "
-                       "with 4 warps (options warps=8 halves them)")
-    if warp_k > 1:
-        tile_m = request.option("tile_m") or 128
-        if tile_m < 16 * warps // warp_k:
-            return decline(f"options tile_m={tile_m} with {warps // warp_k} row groups: each needs 16 rows")
-        acc = accumulators(tile_m, block_n(request.n), warps, warp_k)
-        if acc > MAX_ACCUMULATORS:
-            return decline(f"options warp_k={warp_k} with {block_n(request.n)} columns per block and {tile_m}-row "
-                           f"tiles: {acc} fp32 accumulators per thread (at most {MAX_ACCUMULATORS})")
+    tile_m = request.option("tile_m") or 128  # the tallest height the chooser takes unasked
+    acc = accumulators(tile_m, block_n(request.n), warps, warp_k)
+    if acc > MAX_ACCUMULATORS:
+        return decline(f"options tile_m={tile_m}, warps={warps}, warp_k={warp_k} with {block_n(request.n)} columns "
+                       f"per block: {acc} fp32 accumulators per thread, at most {MAX_ACCUMULATORS} (spills); more "
+                       f"row groups (options warps=8, fewer k-groups) divide them")
     return None
 
 

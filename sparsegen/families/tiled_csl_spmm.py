@@ -81,7 +81,7 @@ def slot_bytes(bn: int, cap_vecs: int) -> int:
 def registers(tile_m: int, bn: int, warps: int = T.WARPS, warp_k: int = 1) -> int:
     """Registers per thread (ptxas, sm_90, within 10 %): accumulators, A and B fragments, the rest."""
     mf, nf = tile_m // (warps // warp_k) // 16, bn // 8
-    return REGS_BASE + 4 * mf * nf + 4 * mf + 2 * nf
+    return REGS_BASE + T.accumulators(tile_m, bn, warps, warp_k) + 4 * mf + 2 * nf
 
 
 def ring_for(tile_m: int, bn: int, vectors: int, kt_per_split: int, request: Request,
