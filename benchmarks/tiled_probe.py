@@ -124,6 +124,11 @@ def warp_k_grid(fam_name: str, n: int) -> list[tuple[str, dict]]:
     return out
 
 
+def wgmma_grid(fam_name: str) -> list[tuple[str, dict]]:
+    """`--sweep wgmma`: the default (mma.sync) and the same spec with warpgroup MMA (options wgmma=)."""
+    return [(fam_name, {"wgmma": False}), (f"{fam_name}.wg", {"wgmma": True})]
+
+
 def variants(fam_name: str, stats, n: int, full: bool, sparsity: float | None = None) -> list[tuple[str, dict]]:
     """(label, options) of the variants of one family for one (W, N)."""
     out = [(fam_name, {})]
@@ -225,10 +230,11 @@ def main() -> int:
     ap.add_argument("--sparsity", type=float, nargs="*", default=SPARSITIES)
     ap.add_argument("--n", type=int, nargs="*", default=NS)
     ap.add_argument("--shapes", type=str, nargs="*", default=None, help="MxK, e.g. 7168x7168")
-    ap.add_argument("--sweep", choices=("all", "some", "none", "split", "warpk"), default="some",
+    ap.add_argument("--sweep", choices=("all", "some", "none", "split", "warpk", "wgmma"), default="some",
                     help="forced variants for every (W, N), for N in {16, 64} (default), or none; "
                          "split: the --splits x --heights grid (atomics) for every (W, N); "
-                         "warpk: Tiled-CSL with its warps in 1, 2 and 4 k-groups (options warp_k=)")
+                         "warpk: Tiled-CSL with its warps in 1, 2 and 4 k-groups (options warp_k=); "
+                         "wgmma: each family with mma.sync and with warpgroup MMA (options wgmma=)")
     ap.add_argument("--splits", type=int, nargs="*", default=[1, 2, 4, 7, 14, 28])
     ap.add_argument("--heights", type=int, nargs="*", default=[128])
     ap.add_argument("--warps", type=int, nargs="*", default=[4])
@@ -264,6 +270,8 @@ def main() -> int:
                     grid = split_grid(fam_name, stats[key], n, args.splits, args.heights, args.warps)
                 elif args.sweep == "warpk":
                     grid = warp_k_grid(fam_name, n)
+                elif args.sweep == "wgmma":
+                    grid = wgmma_grid(fam_name)
                 else:
                     grid = variants(fam_name, stats[key], n, full, key[2])
                 for label, options in grid:

@@ -144,6 +144,27 @@ def test_k_group_warps(n, warp_k, tile_m, warps, reduction):
     assert kernel.spec.warp_k == warp_k and f".wk{warp_k}" in kernel.spec.name
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("n,tile_m,warps,reduction,dtype", [
+    (1, 128, 4, "none", "float16"), (7, 64, 4, "atomic", "float16"), (8, 128, 4, "atomic", "float16"),
+    (16, 256, 8, "cluster", "float16"), (24, 128, 4, "two_step", "float16"), (32, 128, 4, "cluster", "bfloat16"),
+    (64, 128, 4, "cluster", "float16"), (64, 64, 4, "atomic", "float16"), (80, 128, 8, "none", "float16"),
+    (40, 128, 4, "atomic", "bfloat16")])
+def test_warpgroup_mma(family, n, tile_m, warps, reduction, dtype):
+    """options wgmma=True (the X tile read by the tensor cores from shared memory): full, empty and
+    sparse tiles (a warp whose rows are empty still joins its warpgroup's wgmma), residues in M, K and
+    N, every reduction, 8-warp blocks (two warpgroups), bf16, bias + ReLU, repeat calls."""
+    dense = np.random.default_rng(7).standard_normal((128, 64))
+    a = sp.csr_matrix(sp.block_diag([dense, np.zeros((128, 64)), random_csr(300, 700, 0.3, seed=8).toarray(),
+                                     np.ones((20, 64)), dense]))
+    a.eliminate_zeros()
+    split = {"split_k": 3, "reduction": reduction} if reduction != "none" else {}
+    kernel = run_check(a, n, family, dtype=dtype, bias=np.linspace(-1, 1, a.shape[0]), relu=True, calls=2,
+                       wgmma=True, tile_m=tile_m, warps=warps, **split)
+    if kernel is not None:
+        assert kernel.spec.wgmma and ".wg" in kernel.spec.name
+
+
 def test_split_past_the_cluster_limit_falls_back_to_atomics():
     a = random_csr(256, 64 * 40, 0.3, seed=21)
     kernel = run_check(a, 16, "tiled_csl_spmm", split_k=10)

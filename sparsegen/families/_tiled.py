@@ -6,6 +6,10 @@ Both compute Y = W·X (+ bias per row, ReLU) for a W of fp16/bf16 cut into `tile
 skinny row-major X (K x N, N <= 256): a block of 4 warps owns one row tile and one column tile of
 `bn` <= 64 columns, walks its share of K (split-K), and multiplies with `mma.sync.m16n8k16`
 (fp32 accumulation). Each warp owns `tile_m / 4` rows, so every A fragment is decoded once.
+`options wgmma=True` (sm_90, compiled for sm_90a) multiplies with warpgroup MMA instead: the
+decoded A fragments from registers, the X tile read by the tensor cores from shared memory (no B
+fragment loads), one tile's group in flight while the next is decoded. Correct but measured 15-25 %
+slower on the H100 (probes/tiled_probe_wgmma.txt), so off unless asked for.
 The split_k partial sums of an output tile meet in a thread block cluster's distributed shared
 memory on sm_90 (split_k <= 8: no workspace, deterministic), else through fp32 atomics or a second
 launch. Residency (`ring_shape`) and split-K (`choose_split`) are chosen together: as many resident
@@ -85,6 +89,13 @@ class TiledSpec(KernelSpec):
     # multiplying its row group's rows over 1 / warp_k of each tile's k16 steps, so it loads only its
     # share of the X tile's B fragments; the groups' sums meet in shared memory before the epilogue
     warp_k: int = 1
+    # Hopper's warpgroup MMA (sm_90a): each warpgroup's A fragments (registers) times the X tile read
+    # by the tensor cores straight from shared memory, so no warp loads B fragments
+    wgmma: bool = False
+
+    def compile_arch(self, arch: str) -> str:
+        """wgmma needs the architecture-specific target (sm_90 -> sm_90a)."""
+        return arch + "a" if self.wgmma and arch[-1].isdigit() else arch
 
     @property
     def m_tiles(self) -> int:
@@ -144,6 +155,7 @@ class TiledSpec(KernelSpec):
         mb = f".mb{self.min_blocks}" if self.min_blocks > 1 else ""
         mb += f".w{self.warps}" if self.warps != WARPS else ""
         mb += f".wk{self.warp_k}" if self.warp_k != 1 else ""
+        mb += ".wg" if self.wgmma else ""
         return (f"{self.family}.{self.dtype}{out}.m{self.m}k{self.k}n{self.n}.t{self.tile_m}x{TILE_K}"
                 f".bn{self.bn}.sk{self.split_k}{red}{mb}"), epi
 
@@ -186,6 +198,16 @@ def request_warp_k(request: Request) -> int:
     return int(request.option("warp_k", 1))
 
 
+def wgmma_ok(request: Request) -> bool:
+    """Warpgroup MMA exists on sm_90 (compiled for sm_90a) only."""
+    return request.arch in ("sm_90", "sm_90a")
+
+
+def request_wgmma(request: Request) -> bool:
+    """Whether the kernel multiplies with wgmma (options wgmma=True/False; default off)."""
+    return bool(request.option("wgmma", False))
+
+
 # ---- the request gate both families share ------------------------------------------------------
 
 def gate(stats, request: Request):
@@ -214,6 +236,14 @@ def gate(stats, request: Request):
     if request.option("warp_k", 1) not in (1, 2, 4):
         return decline(f"options warp_k={request.option('warp_k')!r}: expected 1, 2 or 4 (k16 steps of a tile: 4)")
     warp_k = request_warp_k(request)
+    if request.option("wgmma") not in (None, True, False):
+        return decline(f"options wgmma={request.option('wgmma')!r}: expected True or False")
+    if request_wgmma(request) and not wgmma_ok(request):
+        return decline(f"options wgmma=True on {request.arch}: warpgroup MMA is sm_90's (sm_90a)")
+    if request_wgmma(request) and request.option("l2_prefetch"):
+        return decline("options wgmma=True with l2_prefetch=True: the wgmma pipeline has no L2 prefetch")
+    if request_wgmma(request) and warp_k != 1:
+        return decline(f"options wgmma=True with warp_k={warp_k}: a warpgroup's 4 warps share each k16 step")
     row_groups = warps // warp_k
     if request.option("tile_m") is not None and request.option("tile_m") < 16 * row_groups:
         return decline(f"options tile_m={request.option('tile_m')} with {warps} warps in {row_groups} row groups: "

@@ -49,6 +49,10 @@ class KernelSpec:
     def template(self) -> str:
         return f"{self.family}.cu.j2"
 
+    def compile_arch(self, arch: str) -> str:
+        """The nvcc target for a request's `arch` (a family may need the architecture-specific one)."""
+        return arch
+
     def fields(self) -> dict:
         """The template's variables: the spec's fields and nothing else."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

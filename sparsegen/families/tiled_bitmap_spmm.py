@@ -83,8 +83,9 @@ def ring_for(tile_m: int, bn: int, vcap: int, request: Request, warps: int = T.W
     forced = request.option("stages")
     stage = stage_bytes(tile_m, bn, vcap, warps)
     max_blocks = MAX_BLOCKS if warps == T.WARPS else MAX_BLOCKS_W8
+    least = DEFAULT_MIN_STAGES if T.request_wgmma(request) else MIN_STAGES  # wgmma: a slot stays busy one tile longer
     return T.ring_shape(0, stage, stage, registers(tile_m, bn, warps), DEFAULT_MIN_STAGES, MAX_STAGES, max_blocks,
-                        None if forced is None else max(MIN_STAGES, int(forced)), warps=warps)
+                        None if forced is None else max(least, int(forced)), warps=warps)
 
 
 def bitmap_bytes(tile_m: int):
@@ -114,7 +115,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     vcap = -(-max(vcap_est * split.tile_m // 128, 8) // 8) * 8
     blocks, stages = ring_for(split.tile_m, bn, vcap, request, warps)
     spec = Spec(T.DTYPE_SHORT[request.dtype], T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
-                split.reduction, request.bias, request.relu, blocks, warps, stages=stages,
+                split.reduction, request.bias, request.relu, blocks, warps, 1, T.request_wgmma(request), stages=stages,
                 l2_prefetch=bool(request.option("l2_prefetch", False)))
     return spec, f"{blocks} blocks per SM; {split.reason}"
 

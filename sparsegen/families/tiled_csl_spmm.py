@@ -29,6 +29,7 @@ SINK_BYTES = 2 * FORMAT.SINK_HALVES
 # many as keep T.IN_FLIGHT_BYTES of words per SM moving (deep for sparse tiles, shallow for full ones),
 # at most MAX_STAGES (every slot also holds an X tile).
 MIN_STAGES, MAX_STAGES = 3, 8
+WGMMA_MIN_STAGES = 4  # with wgmma a tile's slot stays busy one iteration longer (its group in flight)
 # Resident blocks per SM wanted, at most: the scatter of one block, the ldmatrix/mma chains of another
 # and the copies of a third overlap only across blocks (each syncs once per tile); past 4, a block's
 # share of shared memory (two 16 KB W buffers at tile_m 128) would starve its ring.
@@ -91,10 +92,11 @@ def ring_for(tile_m: int, bn: int, vectors: int, kt_per_split: int, request: Req
     the depth); a slot holds the fullest tile unless even the shallowest ring of one block could not,
     then what fits (the rest of a fuller tile comes from global)."""
     forced = request.option("stages")
-    forced = None if forced is None else max(MIN_STAGES, int(forced))
+    least = WGMMA_MIN_STAGES if T.request_wgmma(request) else MIN_STAGES
+    forced = None if forced is None else max(least, int(forced))
     fixed = w_buffers_bytes(tile_m) + 4 * (kt_per_split + 1)  # W buffers, the block's tile offsets
     slot = slot_bytes(bn, vectors)
-    blocks, stages = T.ring_shape(fixed, slot, slot, registers(tile_m, bn, warps, warp_k), MIN_STAGES, MAX_STAGES,
+    blocks, stages = T.ring_shape(fixed, slot, slot, registers(tile_m, bn, warps, warp_k), least, MAX_STAGES,
                                   MAX_BLOCKS, forced, warps=warps)
     per_slot = (T.smem_budget(blocks) - fixed) // stages // 128 * 128  # slots are whole 128-byte rows
     return blocks, stages, max(1, min(vectors, (per_slot - slot_bytes(bn, 0)) // 16))
@@ -129,7 +131,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     blocks, stages, _ = ring_for(split.tile_m, bn, max(1, vectors * split.tile_m // 128), kt_per_split, request,
                                  warps, warp_k)
     spec = Spec(T.DTYPE_SHORT[request.dtype], T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
-                split.reduction, request.bias, request.relu, blocks, warps, warp_k, stages=stages,
+                split.reduction, request.bias, request.relu, blocks, warps, warp_k, T.request_wgmma(request), stages=stages,
                 strict_banks=bool(request.option("strict_banks", False)),
                 l2_prefetch=bool(request.option("l2_prefetch", False)))
     reason = (f"density {stats.density:.2f}: Tiled-CSL {est.bytes / max(m * k, 1):.2f} B/element "
