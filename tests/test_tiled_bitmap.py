@@ -305,9 +305,9 @@ def test_every_code_shape_compiles_for_sm90_with_hmma(shape, epilogue, tmp_path)
     n += n % 2  # odd N is declined (test_odd_n_is_declined_with_the_reason)
     kernel = sparsegen.compile(a, n=n, dtype=dtype, backend="emulate", bias=np.ones(m) if epilogue else None,
                                relu=epilogue, options={"family": "tiled_bitmap_spmm", **options})
-    cubin = nvcc.compile_cubin(kernel.source, "sm_90", name=kernel.spec.name)
+    cubin = nvcc.compile_cubin(kernel.source, kernel.spec.compile_arch("sm_90"), name=kernel.spec.name)
     assert cubin[:4] == b"\x7fELF"
-    assert_sass_has_hmma(cubin, tmp_path)
+    assert_sass_has_hmma(cubin, tmp_path, kernel.spec.wgmma)
 
 
 @settings(max_examples=60, deadline=None)
@@ -337,6 +337,28 @@ def test_odd_n_is_declined_with_the_reason(n):
     with pytest.raises(UnsupportedError, match=f"n={n} is odd"):
         sparsegen.compile(a, n=n, dtype="float16", backend="emulate", options={"family": fam.FAMILY})
     assert skinny_cost.compare(analyze(a), Request("spmm", n=n, dtype="float16")).get(fam.FAMILY) is None
+
+
+@pytest.mark.parametrize("family", ["tiled_csl_spmm", "tiled_bitmap_spmm"])
+def test_warpgroup_mma_option_source_target_and_gate(family):
+    """options wgmma=True: the X tile in wgmma's core-matrix layout, m64nBNk16 wgmma on register A
+    fragments, compiled for sm_90a; declined off sm_90, with k-groups and with the L2 prefetch."""
+    a = random_csr(300, 500, 0.3, seed=9, empty_rows=0.1)
+    x = host_x(np.random.default_rng(9), 500, 16, "float16")
+    kernel = sparsegen.compile(a, n=16, dtype="float16", backend="emulate", options={"family": family, "wgmma": True})
+    assert kernel.spec.wgmma and ".wg." in kernel.spec.name and kernel.spec.compile_arch("sm_90") == "sm_90a"
+    assert "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16" in kernel.source
+    assert "constexpr uint32_t X_LBO = X_CHUNKS * 128;" in kernel.source and "wgmma_wait<1>();" in kernel.source
+    assert kernel.spec.stages >= (4 if family == "tiled_csl_spmm" else 3)
+    assert rel_error(kernel(x), reference(rounded_half(a, "float16"), x.astype(np.float32))) <= TOL["float16"]
+    plain = sparsegen.compile(a, n=16, dtype="float16", backend="emulate", options={"family": family})
+    assert not plain.spec.wgmma and "wgmma.mma_async" not in plain.source and plain.spec.compile_arch("sm_90") == "sm_90"
+    for options, match in (({"arch": "sm_80"}, "sm_90"), ({"warp_k": 2}, "warp"), ({"l2_prefetch": True}, "prefetch"),
+                           ({"wgmma": "yes"}, "True or False")):
+        arch = options.pop("arch", None)
+        opts = {"family": family, "wgmma": True, **options}
+        with pytest.raises(UnsupportedError, match=match):
+            sparsegen.compile(a, n=16, dtype="float16", backend="emulate", arch=arch, options=opts)
 
 
 def test_k_groups_are_tiled_csl_only_and_bounded_by_accumulators():

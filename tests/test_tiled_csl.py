@@ -319,6 +319,9 @@ CODE_SHAPES = [  # (m, k, density, n, dtype, options): one per code path
     (300, 900, 0.3, 16, "float16", {"warp_k": 4, "split_k": 3, "reduction": "atomic"}),  # 4 k-groups, 128 rows each
     (300, 900, 0.3, 13, "float16", {"warp_k": 2, "tile_m": 64, "split_k": 2, "reduction": "cluster"}),  # 2 x 2
     (300, 900, 0.3, 8, "float16", {"warp_k": 4, "warps": 8, "split_k": 2, "reduction": "two_step"}),  # 2 x 4
+    (300, 900, 0.3, 16, "float16", {"wgmma": True, "split_k": 3, "reduction": "atomic"}),  # warpgroup MMA, sm_90a
+    (300, 200, 0.3, 1, "float16", {"wgmma": True}),  # wgmma n8 with scalar X stores
+    (512, 700, 0.4, 64, "bfloat16", {"wgmma": True, "warps": 8, "tile_m": 256, "split_k": 2, "reduction": "cluster"}),
 ]
 CSL_ONLY = ("strict_banks", "cap_vecs", "warp_k")
 
@@ -331,12 +334,12 @@ def test_every_code_shape_compiles_for_sm90_with_hmma(shape, epilogue, tmp_path)
     a = random_csr(m, k, density, seed=13)
     kernel = sparsegen.compile(a, n=n, dtype=dtype, backend="emulate", bias=np.ones(m) if epilogue else None,
                                relu=epilogue, options={"family": "tiled_csl_spmm", **options})
-    cubin = nvcc.compile_cubin(kernel.source, "sm_90", name=kernel.spec.name)
+    cubin = nvcc.compile_cubin(kernel.source, kernel.spec.compile_arch("sm_90"), name=kernel.spec.name)
     assert cubin[:4] == b"\x7fELF"
-    assert_sass_has_hmma(cubin, tmp_path)
+    assert_sass_has_hmma(cubin, tmp_path, kernel.spec.wgmma)
 
 
-def assert_sass_has_hmma(cubin: bytes, tmp_path):
+def assert_sass_has_hmma(cubin: bytes, tmp_path, wgmma: bool = False):
     if shutil.which("cuobjdump") is None:
         pytest.skip("cuobjdump not on PATH: SASS not inspected")
     path = tmp_path / "k.cubin"
@@ -344,7 +347,7 @@ def assert_sass_has_hmma(cubin: bytes, tmp_path):
     sass = subprocess.run(["cuobjdump", "-sass", str(path)], capture_output=True, text=True).stdout
     if not sass:
         pytest.skip("cuobjdump could not disassemble (nvdisasm missing?)")
-    assert "HMMA.16816.F32" in sass
+    assert ("HGMMA.64x" if wgmma else "HMMA.16816.F32") in sass
     assert "LDL" not in sass and "STL" not in sass  # no register spills to local memory
 
 
