@@ -1,7 +1,9 @@
 """Launch chosen tiled kernels a few times on random OPT-like W, for `ncu` (a profiling harness).
 
     ncu --section SpeedOfLight --section WarpStateStats -k regex:tiled python benchmarks/profile_tiled.py
-    ... python benchmarks/profile_tiled.py 7168,7168,0.9,16,tiled_csl_spmm [M,K,SPARSITY,N,FAMILY ...]
+    ... python benchmarks/profile_tiled.py 7168,7168,0.9,16,tiled_csl_spmm [M,K,SPARSITY,N,FAMILY[,OPTION=VALUE...] ...]
+
+OPTION=VALUE pairs are passed as compile options (integers and True/False parsed), e.g. wgmma=True.
 """
 from __future__ import annotations
 
@@ -19,13 +21,23 @@ CASES = [(7168, 7168, 0.7, 16, "tiled_bitmap_spmm"), (7168, 7168, 0.9, 8, "tiled
          (7168, 7168, 0.9, 64, "tiled_bitmap_spmm")]
 
 
+def option(text: str) -> tuple:
+    """'wgmma=True' -> ('wgmma', True); integers parsed, anything else kept as text."""
+    name, _, value = text.partition("=")
+    parsed = {"True": True, "False": False}.get(value, value)
+    if isinstance(parsed, str) and parsed.lstrip("-").isdigit():
+        parsed = int(parsed)
+    return name, parsed
+
+
 def main():
     import torch
 
-    cases = [(int(m), int(k), float(s), int(n), fam) for m, k, s, n, fam in (a.split(",") for a in sys.argv[1:])]
-    for m, k, s, n, fam in cases or CASES:
+    cases = [(int(m), int(k), float(s), int(n), fam, dict(option(o) for o in rest))
+             for m, k, s, n, fam, *rest in (a.split(",") for a in sys.argv[1:])]
+    for m, k, s, n, fam, opts in cases or [(*c, {}) for c in CASES]:
         w = random_weight(m, k, 1 - s, seed=1)
-        kern = sparsegen.compile(w, op="spmm", n=n, dtype="float16", options={"family": fam})
+        kern = sparsegen.compile(w, op="spmm", n=n, dtype="float16", options={"family": fam, **opts})
         print(kern.spec.name, flush=True)
         x = torch.randn((k, n), dtype=torch.float16, device="cuda")
         y = torch.empty((m, n), dtype=torch.float16, device="cuda")
