@@ -77,16 +77,21 @@ class Kernel:
         return (self.plan.constants["m"], self.plan.constants["k"])
 
     @property
+    def target(self) -> str:
+        """The nvcc target: the request's arch, or the architecture-specific one the spec needs."""
+        return self.spec.compile_arch(self.arch)
+
+    @property
     def cubin_key(self) -> str:
         if self._cubin_key is None:
-            self._cubin_key = cubin_key(self.source, self.spec.compile_arch(self.arch))
+            self._cubin_key = cubin_key(self.source, self.target)
         return self._cubin_key
 
     @property
     def cubin(self) -> bytes:
         """The compiled kernel (compiled on first use when the backend is the emulator)."""
         if self._cubin is None:
-            self._cubin = _cubin_for(self.source, self.spec.compile_arch(self.arch), self.spec.name, Cache(), self.timings)
+            self._cubin = _cubin_for(self.source, self.target, self.spec.name, Cache(), self.timings)
         return self._cubin
 
     def device_arrays(self) -> dict:
@@ -322,7 +327,7 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
                 "source": kernel.source, "stats": kernel.stats.to_dict()}
         cache.put("plan", plan_key, pack_arrays(meta, kernel.plan.arrays))
     if backend == "gpu":
-        kernel._cubin = _cubin_for(kernel.source, kernel.spec.compile_arch(arch), kernel.spec.name, cache, timings)
+        kernel._cubin = _cubin_for(kernel.source, kernel.target, kernel.spec.name, cache, timings)
     timings.total = time.perf_counter() - t0
     return kernel
 

@@ -238,12 +238,13 @@ def gate(stats, request: Request):
     warp_k = request_warp_k(request)
     if request.option("wgmma") not in (None, True, False):
         return decline(f"options wgmma={request.option('wgmma')!r}: expected True or False")
-    if request_wgmma(request) and not wgmma_ok(request):
-        return decline(f"options wgmma=True on {request.arch}: warpgroup MMA is sm_90's (sm_90a)")
-    if request_wgmma(request) and request.option("l2_prefetch"):
-        return decline("options wgmma=True with l2_prefetch=True: the wgmma pipeline has no L2 prefetch")
-    if request_wgmma(request) and warp_k != 1:
-        return decline(f"options wgmma=True with warp_k={warp_k}: a warpgroup's 4 warps share each k16 step")
+    if request_wgmma(request):
+        if not wgmma_ok(request):
+            return decline(f"options wgmma=True on {request.arch}: warpgroup MMA is sm_90's (sm_90a)")
+        if request.option("l2_prefetch"):
+            return decline("options wgmma=True with l2_prefetch=True: the wgmma pipeline has no L2 prefetch")
+        if warp_k != 1:
+            return decline(f"options wgmma=True with warp_k={warp_k}: a warpgroup's 4 warps share each k16 step")
     row_groups = warps // warp_k
     if request.option("tile_m") is not None and request.option("tile_m") < 16 * row_groups:
         return decline(f"options tile_m={request.option('tile_m')} with {warps} warps in {row_groups} row groups: "
