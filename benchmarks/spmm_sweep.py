@@ -45,7 +45,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--ns", default="32,128,256,1024")
     ap.add_argument("--variants", default="csr_rowsplit;sputnik_spmm")
-    ap.add_argument("--every", type=int, default=1, help="every k-th DLMC matrix")
+    ap.add_argument("--every", type=int, default=1, help="every k-th DLMC matrix (0: none)")
+    ap.add_argument("--offset", type=int, default=0, help="start at this DLMC matrix (with --every)")
     ap.add_argument("--random", default="", help="e.g. 4096:0.8,8192:0.9")
     ap.add_argument("--skewed", default="", help="row-length CoVs of 4096x4096 ~10 %% matrices, e.g. 0.5,1,2")
     ap.add_argument("--out", default="")
@@ -60,7 +61,7 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     variants = [parse_variant(v) for v in args.variants.split(";")]
     npd = np.dtype(args.dtype)
-    mats = [(m.id, m.load) for m in dlmc_matrices(args.data)[::args.every]]
+    mats = [(m.id, m.load) for m in dlmc_matrices(args.data)[args.offset::args.every]] if args.every else []
     for item in filter(None, args.random.split(",")):
         size, sparsity = item.split(":")
         mats.append((f"random/{size}/{sparsity}",

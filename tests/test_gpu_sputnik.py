@@ -56,6 +56,14 @@ def test_tile_widths(tile_bytes):
     assert kernel.spec.tile_n * 4 <= max(tile_bytes, 4 * kernel.spec.vec)
 
 
+@pytest.mark.parametrize("chunk,batch,block", [(64, 8, 128), (128, 16, 256), (128, 4, 64), (32, 32, 512)])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_chunk_batch_and_block_options(chunk, batch, block, dtype):
+    a = random_csr(301, 900, 0.3, seed=chunk + batch, empty_rows=0.1)  # ~270 per row: whole and partial chunks
+    kernel = check(a, 96, dtype, chunk=chunk, batch=batch, block=block)
+    assert (kernel.spec.chunk, kernel.spec.batch) == (chunk, min(batch, chunk))
+
+
 def test_fp16_with_32768_columns_uses_32bit_indices():
     a = random_csr(64, 40000, 0.01, seed=4)
     a[3, 39999] = 1.5  # the last column is read

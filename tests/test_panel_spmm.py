@@ -95,6 +95,8 @@ def test_selected_by_default_only_where_measured_faster():
     assert fp16.family != "panel_spmm"  # measured slower in fp16
     assert chosen(random_csr(512, 4608, 0.02, seed=5), 128) != "panel_spmm"  # 2 %: too little reuse
     assert chosen(random_csr(512, 512, 0.5, seed=5), 128) != "panel_spmm"  # X fits L1 anyway
+    assert chosen(random_csr(1000, 2048, 0.3, seed=5), 128) == "panel_spmm"  # DLMC rn50 final_dense
+    assert chosen(random_csr(4096, 4096, 0.2, seed=5), 128) != "panel_spmm"  # many rows: the row kernels win
     reason = select(analyze(random_csr(512, 512, 0.5, seed=5)), op="spmm", n=128).tried
     assert any(r == "panel_spmm" and "columns" in why for r, _, why in reason)
 

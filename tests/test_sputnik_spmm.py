@@ -35,6 +35,17 @@ def test_vector_and_tile_follow_n(dtype, n, vec, width):
     assert spec.sv == min(4, 32 // width) and spec.chunk == 32
 
 
+def test_many_long_rows_take_the_measured_chunk_and_batch():
+    a = random_csr(4096, 2048, 0.2, seed=3)  # 4096 rows of ~410 nonzeros
+    assert (spec_for(a, 128).chunk, spec_for(a, 128).batch) == (64, 16)
+    assert (spec_for(a, 1024).chunk, spec_for(a, 1024).batch) == (32, 8)
+    assert spec_for(a, 1024, batch=32).batch == 32  # options still win
+    short = random_csr(4096, 2048, 0.05, seed=3)  # ~100 per row: the defaults
+    assert (spec_for(short, 1024).chunk, spec_for(short, 1024).batch) == (32, 16)
+    assert spec_for(a, 1024, dtype="float16").batch == 16  # measured in fp32 only
+    assert "4096 rows: measured faster" in select(analyze(a), op="spmm", n=128).reason
+
+
 def test_few_long_rows_split_rows_many_short_rows_do_not():
     few = spec_for(random_csr(512, 2048, 0.2, seed=2), 128)
     assert few.ksplit == 4 and few.rows * few.ksplit * few.width >= 128
@@ -137,6 +148,8 @@ SHAPES = [  # (m, k, density, n, dtype, options): one per code path the rule can
     (300, 40000, 0.001, 256, "float16", {}),  # 32-bit indices in fp16
     (3, 70000, 0.001, 32768, "float16", {}),  # 64-bit offsets
     (200, 200, 0.1, 96, "float32", {"ksplit": 16}),  # block of 256+ threads
+    (400, 900, 0.3, 256, "float32", {"chunk": 64, "batch": 8}),  # 2-wide sparse loads, 8 X loads in flight
+    (400, 900, 0.3, 128, "float16", {"chunk": 128, "block": 256}),  # 4-wide sparse loads, 8 rows a block
 ]
 
 

@@ -35,9 +35,15 @@ FINISH_THREADS = 256
 # Where it beat csr_rowsplit and sputnik_spmm in the H100 sweep over every 5th DLMC matrix at
 # n = 32..1024 (benchmarks/results/h100-80gb-hbm3/spmm_sweep_panel_f32.json): 2048-4608 columns at
 # 8-20 % density (1.2-2x). At 2-3.5 % a staged X row serves too few nonzeros to pay for its copy;
-# with 512 columns X stays in L1 anyway and the CSR kernels tie or win.
+# with 512 columns X stays in L1 anyway and the CSR kernels tie or win. Rows: all of those wins
+# were on 256-1000 rows; the complete dlmc run of 2026-11-24 (benchmarks/results/h100-80gb-hbm3/
+# dlmc.json) selected it on the 2048-8192 random squares too and it lost there to the CSR kernels
+# of the earlier run on 40 of 48 cases (up to 2x at 8192 rows, 95 %): with thousands of rows the
+# row kernels fill the GPU without split K, and the panels' shared-memory reads cost as much as
+# the L1/L2 reads they replace.
 MIN_DENSITY = 0.05
 MIN_K = 2048
+MAX_M = 1024
 
 
 @dataclass(frozen=True)
@@ -149,13 +155,15 @@ def _rule(stats, request: Request):
         return decline(f"options reuse={reuse!r}: expected an integer from 1 to 256")
     if not (isinstance(per_sm, int) and 1 <= per_sm <= 64):
         return decline(f"options blocks_per_sm={per_sm!r}: expected an integer from 1 to 64")
-    (_, k), density = stats.shape, stats.density
+    k, density = stats.shape[1], stats.density
     if request.option("family") != FAMILY and request.dtype != "float32":
         return decline(f"dtype {request.dtype}: on the DLMC run of the H100 it lost to the CSR kernels in fp16 "
                        f"(1.26x vs 1.75x cuSPARSE on the same 80 cases); runs when asked for")
-    if request.option("family") != FAMILY and (density < MIN_DENSITY or k < MIN_K):
-        return decline(f"density {density:.3f}, {k} columns: below density >= {MIN_DENSITY} with >= {MIN_K} "
-                       f"columns, where it was measured faster than csr_rowsplit and sputnik_spmm")
+    m = stats.shape[0]
+    if request.option("family") != FAMILY and (density < MIN_DENSITY or k < MIN_K or m > MAX_M):
+        return decline(f"{m} rows, {k} columns, density {density:.3f}: outside <= {MAX_M} rows, >= {MIN_K} "
+                       f"columns at density >= {MIN_DENSITY}, where it was measured faster than csr_rowsplit "
+                       f"and sputnik_spmm")
     return accept(*choose(stats, request, reuse=reuse, blocks_per_sm=per_sm))
 
 

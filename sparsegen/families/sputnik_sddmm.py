@@ -30,7 +30,12 @@ WARP = 32
 LINE_BYTES = 128  # a group reads one L1 line of a B row per load instruction
 TILES = (32, 16, 8)  # nonzeros per tile, largest first (Sputnik: 32)
 LOADS_IN_FLIGHT = 32  # tile x unroll: independent vector loads per lane and chunk
-WARPS_PER_SM = 16  # warps wanted per SM (all that fit at REGISTERS each): latency hiding between load rounds
+# Warps wanted per SM: latency hiding between load rounds. The tile halves until the tiles give this
+# many. 24 (was 16): in the H100 sweep of every 6th DLMC matrix at k = 32/128/256
+# (benchmarks/results/h100-80gb-hbm3/probes/sddmm_sweep_tile.txt) 32-nonzero tiles that gave 2.3-3.0k
+# warps ran 12-21 % slower at k >= 128 than 16-nonzero tiles (twice the warps), and those that gave
+# 3.7k or more ran 3-11 % faster.
+WARPS_PER_SM = 24
 BLOCKS = (512, 256, 128, 64, 32)  # threads per block, largest first (more groups share B rows in L1)
 SPREAD = 0.85  # least acceptable `spread` of the blocks over the SMs (a larger block is worth a little)
 REGISTERS = 128  # per-thread register budget, through __launch_bounds__' minimum blocks per SM

@@ -33,6 +33,16 @@ SWIZZLE_COV = 0.1  # row-length CoV above which rows run longest first
 MIN_N = 128
 MIN_MEAN_ROW = 128
 INDEX16_MAX_COLS = 32767  # int16 column indices (fp16 only)
+# Many rows (fp32): the H100 sweeps of the 4096- and 8192-row random squares at 80/90 % (probes/
+# spmm_sweep_random_sputnik.txt and spmm_sweep_sputnik_validate.txt, two runs that agree within 3 %)
+# have 64-nonzero chunks faster at n <= 128 on all 4 matrices (1.04-1.17x) and 8 loads of X in
+# flight instead of 16 faster at n = 1024 on all 4 (1.02-1.23x) and at n = 256 in geomean (8192 rows
+# 1.12x, 4096 rows 0.95x). Those rows held 410-1638 nonzeros. No DLMC layer has this many rows; on
+# them the defaults were as fast or faster (same sweeps).
+MANY_ROWS = 4096
+MANY_ROWS_MEAN = 256  # nonzeros per row, at least
+MANY_ROWS_CHUNK = 64
+MANY_ROWS_BATCH = 8
 
 
 @dataclass(frozen=True)
@@ -74,9 +84,11 @@ def warps(m: int, n: int, tile_n: int, width: int, ksplit: int) -> int:
     return -(-(m * -(-n // tile_n) * ksplit * width) // WARP)
 
 
-def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: int | None = None) -> tuple[Spec, str]:
+def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: int | None = None,
+           chunk: int | None = None, batch: int | None = None, block: int | None = None) -> tuple[Spec, str]:
     """Vector width and tile from n and the dtype, the row split from how many warps the rows
-    alone give, indices from the column count; `ksplit` and `tile_bytes` override (tuning)."""
+    alone give, indices from the column count; `ksplit`, `tile_bytes`, `chunk`, `batch` and
+    `block` (threads per block) override (tuning)."""
     f16 = request.dtype == "float16"
     itemsize = 2 if f16 else 4
     n, (m, k) = request.n, stats.shape
@@ -91,14 +103,18 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
         while (ksplit < MAX_KSPLIT and warps(m, n, tile_n, width, ksplit) < target
                and mean >= 4 * ksplit * CHUNK):
             ksplit *= 2
-    rows = max(1, BLOCK_THREADS // (width * ksplit))
-    sv = min(4, CHUNK // width)
+    rows = max(1, (block or BLOCK_THREADS) // (width * ksplit))
+    many = m >= MANY_ROWS and mean >= MANY_ROWS_MEAN and not f16
+    many_chunk, many_batch = many and chunk is None and n <= 128, many and batch is None and n >= 256
+    chunk = chunk or (MANY_ROWS_CHUNK if many_chunk else CHUNK)
+    batch = batch or (MANY_ROWS_BATCH if many_batch else None)
+    sv = max(1, min(4, chunk // width))
     index_bits = 16 if f16 and k <= INDEX16_MAX_COLS else 32
     wide = k * n >= 2**31
     prescaled = index_bits == 32 and not wide
     swizzle = stats.row_lengths.cov > SWIZZLE_COV
-    batch = min(CHUNK, BATCH_BYTES // (vec * itemsize))
-    spec = Spec(request.short_dtype, n, vec, width, ksplit, rows, CHUNK, sv, batch, index_bits, prescaled, wide,
+    batch = min(chunk, batch or BATCH_BYTES // (vec * itemsize))
+    spec = Spec(request.short_dtype, n, vec, width, ksplit, rows, chunk, sv, batch, index_bits, prescaled, wide,
                 swizzle, request.bias, request.relu)
     tiles = -(-n // tile_n)
     reason = (f"rows avg {mean:.1f} nnz (CoV {stats.row_lengths.cov:.2f}), n={n}: {vec}-wide loads, "
@@ -106,7 +122,8 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     if spec.ksplit > 1:
         reason += (f", {spec.ksplit} groups per row ({m} rows alone give "
                    f"{warps(m, n, tile_n, width, 1)} warps, under {target} for {sm_count(request.arch)} SMs)")
-    reason += (f"; {CHUNK}-nonzero chunks by {sv}-wide loads; {index_bits}-bit indices"
+    reason += (f"; {chunk}-nonzero chunks by {sv}-wide loads, {spec.batch} loads of X in flight"
+               f"{f' ({m} rows: measured faster)' if many_chunk or many_batch else ''}; {index_bits}-bit indices"
                f"{' pre-scaled by n' if prescaled else ''}; "
                f"{'rows swizzled longest first' if swizzle else 'rows in order'}")
     return spec, reason
@@ -121,11 +138,19 @@ def _rule(stats, request: Request):
         return decline(f"n={request.n}, rows avg {mean:.1f} nnz: below n >= {MIN_N} with rows >= {MIN_MEAN_ROW}, "
                        f"where it was measured faster than csr_rowsplit")
     ksplit, tile_bytes = request.option("ksplit"), request.option("tile_bytes")
+    chunk, batch, block = request.option("chunk"), request.option("batch"), request.option("block")
     if ksplit is not None and ksplit not in (1, 2, 4, 8, 16):
         return decline(f"options ksplit={ksplit!r}: expected 1, 2, 4, 8 or 16")
     if tile_bytes is not None and tile_bytes not in (16, 32, 64, 128, 256, 512):
         return decline(f"options tile_bytes={tile_bytes!r}: expected a power of two from 16 to 512")
-    return accept(*choose(stats, request, ksplit=ksplit, tile_bytes=tile_bytes))
+    if chunk is not None and chunk not in (32, 64, 128):
+        return decline(f"options chunk={chunk!r}: expected 32, 64 or 128")
+    if batch is not None and batch not in (4, 8, 16, 32):
+        return decline(f"options batch={batch!r}: expected 4, 8, 16 or 32")
+    if block is not None and block not in (32, 64, 128, 256, 512):
+        return decline(f"options block={block!r}: expected a power of two from 32 to 512")
+    return accept(*choose(stats, request, ksplit=ksplit, tile_bytes=tile_bytes, chunk=chunk, batch=batch,
+                          block=block))
 
 
 RULES = (Rule("sputnik_spmm", FAMILY, _rule),)
