@@ -37,13 +37,16 @@ def test_vector_and_tile_follow_n(dtype, n, vec, width):
 
 def test_many_long_rows_take_the_measured_chunk_and_batch():
     a = random_csr(4096, 2048, 0.2, seed=3)  # 4096 rows of ~410 nonzeros
-    assert (spec_for(a, 128).chunk, spec_for(a, 128).batch) == (64, 16)
-    assert (spec_for(a, 1024).chunk, spec_for(a, 1024).batch) == (32, 8)
+    assert (spec_for(a, 128).chunk, spec_for(a, 128).batch, spec_for(a, 128).ksplit) == (64, 16, 1)
+    assert (spec_for(a, 256).chunk, spec_for(a, 256).batch) == (64, 16)  # 8192 warps
+    assert (spec_for(a, 1024).chunk, spec_for(a, 1024).batch, spec_for(a, 1024).ksplit) == (32, 8, 1)
     assert spec_for(a, 1024, batch=32).batch == 32  # options still win
     short = random_csr(4096, 2048, 0.05, seed=3)  # ~100 per row: the defaults
     assert (spec_for(short, 1024).chunk, spec_for(short, 1024).batch) == (32, 16)
     assert spec_for(a, 1024, dtype="float16").batch == 16  # measured in fp32 only
-    assert "4096 rows: measured faster" in select(analyze(a), op="spmm", n=128).reason
+    assert "4096 x 2048, rows unsplit: measured faster" in select(analyze(a), op="spmm", n=128).reason
+    narrow = random_csr(4096, 1024, 0.4, seed=3)  # ~410 per row but 1024 columns: not measured, the defaults
+    assert (spec_for(narrow, 128).chunk, spec_for(narrow, 128).ksplit) == (32, 2)
 
 
 def test_few_long_rows_split_rows_many_short_rows_do_not():

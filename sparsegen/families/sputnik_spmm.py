@@ -33,14 +33,17 @@ SWIZZLE_COV = 0.1  # row-length CoV above which rows run longest first
 MIN_N = 128
 MIN_MEAN_ROW = 128
 INDEX16_MAX_COLS = 32767  # int16 column indices (fp16 only)
-# Many rows (fp32): the H100 sweeps of the 4096- and 8192-row random squares at 80/90 % (probes/
-# spmm_sweep_random_sputnik.txt and spmm_sweep_sputnik_validate.txt, two runs that agree within 3 %)
-# have 64-nonzero chunks faster at n <= 128 on all 4 matrices (1.04-1.17x) and 8 loads of X in
-# flight instead of 16 faster at n = 1024 on all 4 (1.02-1.23x) and at n = 256 in geomean (8192 rows
-# 1.12x, 4096 rows 0.95x). Those rows held 410-1638 nonzeros. No DLMC layer has this many rows; on
-# them the defaults were as fast or faster (same sweeps).
-MANY_ROWS = 4096
+# Many long rows (fp32, at least 2048 x 2048 with >= 256 nonzeros a row): measured on the 2048-,
+# 4096- and 8192-row random squares at 80/90 % (probes/spmm_sweep_random_sputnik.txt,
+# spmm_sweep_sputnik_validate.txt, spmm_sweep_sputnik_ksplit.txt; repeated runs agree within 3 %).
+# Rows are not split (a split row ran 1.2-1.5x slower there: these rows already give >= 2048
+# warps); grids of <= 8192 warps stage 64-nonzero chunks (1.1-1.5x faster), larger ones keep
+# 8 loads of X in flight instead of 16 (1.02-1.23x faster: more warps resident). No DLMC layer is
+# this large; on them the defaults were as fast or faster (same sweeps).
+MANY_ROWS = 2048
+MANY_COLS = 2048
 MANY_ROWS_MEAN = 256  # nonzeros per row, at least
+MANY_ROWS_CHUNK_WARPS = 8192  # grid warps up to which 64-nonzero chunks pay
 MANY_ROWS_CHUNK = 64
 MANY_ROWS_BATCH = 8
 
@@ -97,15 +100,17 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     width = min(WARP, max(1, (tile_bytes or TILE_BYTES) // (vec * itemsize)), next_pow2(-(-n // vec)))
     tile_n = width * vec
     target = WARPS_PER_SM * sm_count(request.arch)
+    many = m >= MANY_ROWS and k >= MANY_COLS and mean >= MANY_ROWS_MEAN and not f16
     if ksplit is None:
         ksplit = 1
         # Split a row only while each share keeps two staged chunks of nonzeros.
-        while (ksplit < MAX_KSPLIT and warps(m, n, tile_n, width, ksplit) < target
+        while (not many and ksplit < MAX_KSPLIT and warps(m, n, tile_n, width, ksplit) < target
                and mean >= 4 * ksplit * CHUNK):
             ksplit *= 2
     rows = max(1, (block or BLOCK_THREADS) // (width * ksplit))
-    many = m >= MANY_ROWS and mean >= MANY_ROWS_MEAN and not f16
-    many_chunk, many_batch = many and chunk is None and n <= 128, many and batch is None and n >= 256
+    small_grid = warps(m, n, tile_n, width, ksplit) <= MANY_ROWS_CHUNK_WARPS
+    many_chunk = many and chunk is None and small_grid
+    many_batch = many and batch is None and not small_grid
     chunk = chunk or (MANY_ROWS_CHUNK if many_chunk else CHUNK)
     batch = batch or (MANY_ROWS_BATCH if many_batch else None)
     sv = max(1, min(4, chunk // width))
@@ -123,7 +128,7 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
         reason += (f", {spec.ksplit} groups per row ({m} rows alone give "
                    f"{warps(m, n, tile_n, width, 1)} warps, under {target} for {sm_count(request.arch)} SMs)")
     reason += (f"; {chunk}-nonzero chunks by {sv}-wide loads, {spec.batch} loads of X in flight"
-               f"{f' ({m} rows: measured faster)' if many_chunk or many_batch else ''}; {index_bits}-bit indices"
+               f"{f' ({m} x {k}, rows unsplit: measured faster)' if many_chunk or many_batch else ''}; {index_bits}-bit indices"
                f"{' pre-scaled by n' if prescaled else ''}; "
                f"{'rows swizzled longest first' if swizzle else 'rows in order'}")
     return spec, reason
