@@ -87,6 +87,21 @@ def warps(m: int, n: int, tile_n: int, width: int, ksplit: int) -> int:
     return -(-(m * -(-n // tile_n) * ksplit * width) // WARP)
 
 
+def row_split(m: int, n: int, tile_n: int, width: int, mean: float, target: int) -> int:
+    """Row groups per row: doubled while the rows give fewer than `target` warps and each share
+    keeps two staged chunks of nonzeros."""
+    ksplit = 1
+    while (ksplit < MAX_KSPLIT and warps(m, n, tile_n, width, ksplit) < target
+           and mean >= 4 * ksplit * CHUNK):
+        ksplit *= 2
+    return ksplit
+
+
+def many_long_rows(m: int, k: int, mean: float, f16: bool) -> bool:
+    """Where the measured many-row choices apply (fp32, >= 2048 x 2048, rows >= 256 nonzeros)."""
+    return m >= MANY_ROWS and k >= MANY_COLS and mean >= MANY_ROWS_MEAN and not f16
+
+
 def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: int | None = None,
            chunk: int | None = None, batch: int | None = None, block: int | None = None) -> tuple[Spec, str]:
     """Vector width and tile from n and the dtype, the row split from how many warps the rows
@@ -100,13 +115,9 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     width = min(WARP, max(1, (tile_bytes or TILE_BYTES) // (vec * itemsize)), next_pow2(-(-n // vec)))
     tile_n = width * vec
     target = WARPS_PER_SM * sm_count(request.arch)
-    many = m >= MANY_ROWS and k >= MANY_COLS and mean >= MANY_ROWS_MEAN and not f16
+    many = many_long_rows(m, k, mean, f16)
     if ksplit is None:
-        ksplit = 1
-        # Split a row only while each share keeps two staged chunks of nonzeros.
-        while (not many and ksplit < MAX_KSPLIT and warps(m, n, tile_n, width, ksplit) < target
-               and mean >= 4 * ksplit * CHUNK):
-            ksplit *= 2
+        ksplit = 1 if many else row_split(m, n, tile_n, width, mean, target)
     rows = max(1, (block or BLOCK_THREADS) // (width * ksplit))
     small_grid = warps(m, n, tile_n, width, ksplit) <= MANY_ROWS_CHUNK_WARPS
     many_chunk = many and chunk is None and small_grid
