@@ -13,14 +13,14 @@ rows as JSON after every matrix.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from spmm_sweep import add_matrix_arguments, print_geomeans, save_rows, sweep_matrices  # noqa: E402
 
 CHECK = 20000  # nonzeros of each case checked against the float64 reference
 
@@ -41,25 +41,18 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--k", default="32,128,256")
     ap.add_argument("--variants", default="default")
-    ap.add_argument("--every", type=int, default=4)
-    ap.add_argument("--offset", type=int, default=0, help="start at this DLMC matrix (with --every)")
-    ap.add_argument("--random", default="", help="e.g. 4096:0.8,8192:0.9")
+    add_matrix_arguments(ap, every=4)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
     import torch
 
     import sparsegen
-    from sparsegen.bench.dlmc import dlmc_matrices, random_square
     from sparsegen.bench.timing import time_cuda
 
     variants = [parse_variant(v) for v in args.variants.split(";")]
     tdt = {"float32": torch.float32, "float16": torch.float16}[args.dtype]
-    mats = [(m.id, m.load) for m in dlmc_matrices(args.data)[args.offset::args.every]] if args.every else []
-    for item in filter(None, args.random.split(",")):
-        size, sparsity = item.split(":")
-        mats.append((f"random/{size}/{sparsity}",
-                     lambda s=int(size), p=float(sparsity): random_square(s, p, seed=s)))
+    mats = sweep_matrices(args)
     rows, ratios = [], {name: [] for name, _ in variants}
     dev = "cuda"
     for mid, load in mats:
@@ -100,12 +93,8 @@ def main() -> int:
             cells = "  ".join(f"{v}={rec['ms'][v] * 1e3:.1f}" for v in rec["ms"])
             bad = [v for v, e in rec["error"].items() if not e <= 1e-4]
             print(f"{mid[-48:]:48s} k={k:4d} {cells}{'  WRONG: ' + ','.join(bad) if bad else ''}", flush=True)
-        if args.out:  # after every matrix, so a run cut short keeps what it measured
-            with open(args.out, "w") as f:
-                json.dump(rows, f, indent=1)
-    for name, r in ratios.items():
-        if r:
-            print(f"geomean vs cuSPARSE {name}: {math.exp(np.mean(np.log(r))):.2f}x over {len(r)}")
+        save_rows(rows, args.out)
+    print_geomeans(ratios)
     return 0
 
 

@@ -17,6 +17,38 @@ import sys
 import numpy as np
 
 
+def add_matrix_arguments(ap, every: int) -> None:
+    """--every/--offset (DLMC matrices) and --random (squares): the sweeps' matrix choice."""
+    ap.add_argument("--every", type=int, default=every, help="every k-th DLMC matrix (0: none)")
+    ap.add_argument("--offset", type=int, default=0, help="start at this DLMC matrix (with --every)")
+    ap.add_argument("--random", default="", help="e.g. 4096:0.8,8192:0.9")
+
+
+def sweep_matrices(args) -> list:
+    """(id, loader) of the matrices `add_matrix_arguments` selected: DLMC, then random squares."""
+    from sparsegen.bench.dlmc import dlmc_matrices, random_square
+
+    mats = [(m.id, m.load) for m in dlmc_matrices(args.data)[args.offset::args.every]] if args.every else []
+    for item in filter(None, args.random.split(",")):
+        size, sparsity = item.split(":")
+        mats.append((f"random/{size}/{sparsity}",
+                     lambda s=int(size), p=float(sparsity): random_square(s, p, seed=s)))
+    return mats
+
+
+def save_rows(rows: list, path: str) -> None:
+    """Every row measured so far, as JSON (called after each matrix: a run cut short keeps them)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def print_geomeans(ratios: dict) -> None:
+    for name, r in ratios.items():
+        if r:
+            print(f"geomean vs cuSPARSE {name}: {math.exp(np.mean(np.log(r))):.2f}x over {len(r)}")
+
+
 def parse_variant(text: str) -> tuple[str, dict]:
     family, *opts = text.split(",")
     return text, {"family": family, **{k: int(v) for k, v in (o.split("=") for o in opts)}}
@@ -45,9 +77,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--ns", default="32,128,256,1024")
     ap.add_argument("--variants", default="csr_rowsplit;sputnik_spmm")
-    ap.add_argument("--every", type=int, default=1, help="every k-th DLMC matrix (0: none)")
-    ap.add_argument("--offset", type=int, default=0, help="start at this DLMC matrix (with --every)")
-    ap.add_argument("--random", default="", help="e.g. 4096:0.8,8192:0.9")
+    add_matrix_arguments(ap, every=1)
     ap.add_argument("--skewed", default="", help="row-length CoVs of 4096x4096 ~10 %% matrices, e.g. 0.5,1,2")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -55,17 +85,13 @@ def main() -> None:
     import torch
 
     import sparsegen
-    from sparsegen.bench.dlmc import dlmc_matrices, random_square, relative_error
+    from sparsegen.bench.dlmc import relative_error
     from sparsegen.bench.timing import time_cuda
 
     torch.backends.cuda.matmul.allow_tf32 = False
     variants = [parse_variant(v) for v in args.variants.split(";")]
     npd = np.dtype(args.dtype)
-    mats = [(m.id, m.load) for m in dlmc_matrices(args.data)[args.offset::args.every]] if args.every else []
-    for item in filter(None, args.random.split(",")):
-        size, sparsity = item.split(":")
-        mats.append((f"random/{size}/{sparsity}",
-                     lambda s=int(size), p=float(sparsity): random_square(s, p, seed=s)))
+    mats = sweep_matrices(args)
     for cov in filter(None, args.skewed.split(",")):
         mats.append((f"skewed/4096/cov{cov}", lambda c=float(cov): skewed(4096, 4096, 0.1, c, seed=7)))
     rows, ratios = [], {name: [] for name, _ in variants}
@@ -102,15 +128,8 @@ def main() -> None:
             cells = "  ".join(f"{v}={rec['ms'][v]:.4f}" for v in rec["ms"])
             bad = [v for v, e in rec.get("error", {}).items() if not e <= 1e-4]
             print(f"{mid[:60]:60s} cov={cov:4.2f} n={n:5d} {cells}{'  WRONG: ' + ','.join(bad) if bad else ''}", flush=True)
-        if args.out:  # after every matrix, so a run cut short keeps what it measured
-            with open(args.out, "w") as f:
-                json.dump(rows, f, indent=1)
-    for name, r in ratios.items():
-        if r:
-            print(f"geomean vs cuSPARSE {name}: {math.exp(np.mean(np.log(r))):.2f}x over {len(r)}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+        save_rows(rows, args.out)
+    print_geomeans(ratios)
 
 
 if __name__ == "__main__":

@@ -123,13 +123,12 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     many_chunk = many and chunk is None and small_grid
     many_batch = many and batch is None and not small_grid
     chunk = chunk or (MANY_ROWS_CHUNK if many_chunk else CHUNK)
-    batch = batch or (MANY_ROWS_BATCH if many_batch else None)
     sv = max(1, min(4, chunk // width))
     index_bits = 16 if f16 and k <= INDEX16_MAX_COLS else 32
     wide = k * n >= 2**31
     prescaled = index_bits == 32 and not wide
     swizzle = stats.row_lengths.cov > SWIZZLE_COV
-    batch = min(chunk, batch or BATCH_BYTES // (vec * itemsize))
+    batch = min(chunk, batch or (MANY_ROWS_BATCH if many_batch else BATCH_BYTES // (vec * itemsize)))
     spec = Spec(request.short_dtype, n, vec, width, ksplit, rows, chunk, sv, batch, index_bits, prescaled, wide,
                 swizzle, request.bias, request.relu)
     tiles = -(-n // tile_n)
