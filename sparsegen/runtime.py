@@ -298,32 +298,49 @@ class _TorchBlas(_Binding):
         self.streams: dict = {}
 
     def wrap(self, ptr: int, shape: tuple):
+        if self.dtype == self.torch.float32:
+            return self.torch.as_tensor(_DeviceBuffer(ptr, shape, "<f4"), device=self.device)
         return self.torch.as_tensor(_DeviceBuffer(ptr, shape, "<i2"), device=self.device).view(self.dtype)
 
     def matmul(self, a, b, c, stream=None):
         """On `stream` (a PyCUDA stream), else on the legacy default stream the kernels use, whatever
-        stream PyTorch has made current."""
+        stream PyTorch has made current. float32 runs with TF32 off, as the CSR kernels it stands in
+        for compute, whatever the caller set (`torch.backends.cuda.matmul.allow_tf32` is restored)."""
         handle = 0 if stream is None else int(stream.handle)
         if handle not in self.streams:
             self.streams[handle] = (self.torch.cuda.default_stream(self.device) if handle == 0 else
                                     self.torch.cuda.ExternalStream(handle, device=self.device))
-        with self.torch.cuda.stream(self.streams[handle]):
-            self.torch.matmul(a, b, out=c)
+        flags = self.torch.backends.cuda.matmul
+        tf32 = self.dtype == self.torch.float32 and flags.allow_tf32
+        if tf32:
+            flags.allow_tf32 = False
+        try:
+            with self.torch.cuda.stream(self.streams[handle]):
+                self.torch.matmul(a, b, out=c)
+        finally:
+            if tf32:
+                flags.allow_tf32 = True
 
 
 class _CupyBlas(_Binding):
-    """cuBLAS through CuPy: `cupy.matmul(a, b, out=c)` (float16 only: CuPy has no bfloat16)."""
+    """cuBLAS through CuPy: `cupy.matmul(a, b, out=c)` (float16 and float32: CuPy has no bfloat16)."""
+
+    TYPESTR = {"float16": "<f2", "float32": "<f4"}
 
     def __init__(self, dtype: str):
         import cupy
 
-        if dtype != "float16":
+        if dtype not in self.TYPESTR:
             raise LaunchError(f"CuPy has no {dtype}: install torch for the bfloat16 dense fallback")
+        if dtype == "float32" and os.environ.get("CUPY_TF32", "0") != "0":
+            raise LaunchError("CUPY_TF32 is set: CuPy's float32 matmul would round to TF32, not the fp32 "
+                              "the CSR kernels compute; unset it or install torch")
         super().__init__()
         self.cupy = cupy
+        self.typestr = self.TYPESTR[dtype]
 
     def wrap(self, ptr: int, shape: tuple):
-        return self.cupy.asarray(_DeviceBuffer(ptr, shape, "<f2"))
+        return self.cupy.asarray(_DeviceBuffer(ptr, shape, self.typestr))
 
     def matmul(self, a, b, c, stream=None):
         s = self.cupy.cuda.Stream.null if stream is None else self.cupy.cuda.ExternalStream(int(stream.handle))

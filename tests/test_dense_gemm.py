@@ -1,6 +1,7 @@
 """dense_gemm, the dense cuBLAS fallback: the densified plan, the NumPy emulator against scipy (fp16,
-bf16, bias, ReLU), the generated source and its header, the steps the runtime runs, the rule's gate
-and errors, and (nvcc tier) the source compiles with and without the epilogue kernel."""
+bf16, fp32, bias, ReLU), the generated source and its header, the steps the runtime runs, the rule's
+gate and errors, the fp32 cost model's choice, and (nvcc tier) the source compiles with and without
+the epilogue kernel."""
 from __future__ import annotations
 
 import numpy as np
@@ -44,18 +45,25 @@ def test_plan_is_w_densified_as_16_bit_patterns_with_explicit_zeros_kept(dtype):
     assert "bias" not in fmt.encode(a, dtype).arrays
 
 
+def test_float32_plan_is_w_densified_exactly():
+    a = random_csr(70, 90, 0.2, seed=1)
+    w = fmt.encode(a, "float32").arrays["w"]
+    assert w.dtype == np.float32 and w.flags.c_contiguous and np.array_equal(w, a.toarray().astype(np.float32))
+
+
 # ---- emulator ----------------------------------------------------------------------------------
 
 @settings(max_examples=30, deadline=None)
 @given(m=st.integers(1, 150), k=st.integers(1, 150), density=st.floats(0.0, 1.0), n=st.integers(1, 70),
-       dtype=st.sampled_from(["float16", "bfloat16"]), epilogue=st.sampled_from(["none", "bias", "relu", "bias_relu"]),
-       seed=st.integers(0, 1000))
+       dtype=st.sampled_from(["float16", "bfloat16", "float32"]),
+       epilogue=st.sampled_from(["none", "bias", "relu", "bias_relu"]), seed=st.integers(0, 1000))
 def test_emulator_matches_scipy(m, k, density, n, dtype, epilogue, seed):
     a = random_csr(m, k, density, seed=seed)
     bias = np.random.default_rng(seed).standard_normal(m) if "bias" in epilogue else None
     kernel, x, y = emulate(a, n, dtype, bias, "relu" in epilogue, seed)
     assert y.shape == (m, n) and y.dtype == (np.float16 if dtype == "float16" else np.float32)
-    ref = reference(rounded_half(a, dtype), x.astype(np.float32), bias, "relu" in epilogue)
+    w = a.astype(np.float32) if dtype == "float32" else rounded_half(a, dtype)
+    ref = reference(w, x.astype(np.float32), bias, "relu" in epilogue)
     assert rel_error(y, ref) <= TOL[dtype]
     if "relu" in epilogue:
         assert (y >= 0).all()
@@ -115,7 +123,16 @@ def test_epilogue_kernel_is_generated_only_with_bias_or_relu(bias, relu, expr):
     src = render(spec)
     assert expr in src and 'extern "C" __global__' in src and "dense_gemm_epilogue(" in src
     assert ("const float* __restrict__ bias" in src) == bias and ("fmaxf" in src) == relu
-    assert "typedef __nv_bfloat16 half_t;" in src and "constexpr long long N = 16;" in src
+    assert "typedef __nv_bfloat16 value_t;" in src and "constexpr long long N = 16;" in src
+
+
+def test_float32_source_calls_cublas_with_tf32_off_and_its_epilogue_stays_in_float():
+    from sparsegen.render import render
+
+    src = render(fam.Spec("f32", 300, 500, 16, "torch", True, False))
+    assert "all f32 row-major; fp32 accumulation" in src and "TF32 off" in src and "600000 bytes" in src
+    assert "typedef float value_t;" in src and "rounded once more" not in src and "32-bit values" in src
+    assert fam.alignment(fam.Spec("f32", 3, 5, 2, "torch")) == 4
 
 
 def test_steps_are_the_library_gemm_then_the_epilogue():
@@ -135,7 +152,6 @@ def test_steps_are_the_library_gemm_then_the_epilogue():
 # ---- rule and errors ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("request_,needle", [
-    (Request("spmm", n=8, dtype="float32"), "float32 selection stays"),
     (Request("sddmm", n=8, k=8, dtype="float16"), "not spmm"),
     (Request("spmm", n=8, dtype="float16", options=(("out", "float32"),)), "input dtype"),
 ])
@@ -242,9 +258,54 @@ def test_device_buffer_describes_the_pointer_for_torch_and_cupy():
     assert cai == {"shape": (3, 4), "typestr": "<i2", "data": (0x7F0000001000, False), "strides": None, "version": 2}
 
 
-def test_unsupported_when_forced_for_float32():
-    with pytest.raises(UnsupportedError, match="dense_gemm"):
-        sparsegen.compile(random_csr(20, 20, 0.5, seed=8), n=8, backend="emulate", options={"family": "dense_gemm"})
+def test_forced_for_float32_runs_dense_in_float32():
+    a = random_csr(20, 20, 0.5, seed=8)
+    with pinned_library("cupy"):
+        kernel = sparsegen.compile(a, n=8, backend="emulate", options={"family": "dense_gemm"})
+    assert kernel.spec.name == "dense_gemm.f32.m20k20n8.cupy"
+    x = np.random.default_rng(0).standard_normal((20, 8)).astype(np.float32)
+    assert rel_error(kernel(x), a.toarray() @ x) <= 1e-6
+
+
+def test_float32_forced_with_another_output_dtype_is_unsupported():
+    with pytest.raises(UnsupportedError, match="input dtype"):
+        sparsegen.compile(random_csr(20, 20, 0.5, seed=8), n=8, backend="emulate",
+                          options={"family": "dense_gemm", "out": "float16"})
+
+
+# ---- the fp32 cost model -----------------------------------------------------------------------
+
+def select32(a, n, library="torch", **kw):
+    with pinned_library(library):
+        return sparsegen.select(analyze(a), op="spmm", n=n, dtype="float32", **kw)
+
+
+def test_float32_selection_takes_dense_only_where_predicted_much_faster():
+    half = random_csr(1024, 1024, 0.5, seed=20)  # 50 %, n = 256: dense predicted ~1.8x faster
+    chosen = select32(half, 256)
+    assert chosen.spec.family == "dense_gemm" and chosen.spec.dtype == "f32"
+    assert "dense predicted faster: CSR kernels" in chosen.reason and "cuBLAS via torch.matmul" in chosen.reason
+    sparse = random_csr(512, 512, 0.05, seed=21)  # 95 %: the CSR kernels predicted faster
+    kept = select32(sparse, 256)
+    assert kept.spec.family != "dense_gemm"
+    assert any(r == "dense_gemm" and not ok and "sparse kept" in why for r, ok, why in kept.tried)
+
+
+def test_float32_dense_needs_the_margin_and_a_binding():
+    from sparsegen.families import fp32_cost
+
+    v = fp32_cost.judge(analyze(random_csr(1024, 1024, 0.5, seed=20)), 256)
+    assert v.dense and v.dense_s * fp32_cost.DENSE_MARGIN < v.sparse_s
+    near = fp32_cost.judge(analyze(random_csr(512, 512, 0.5, seed=22)), 256)  # dense ahead, by less than the margin
+    assert near.dense_s < near.sparse_s < near.dense_s * fp32_cost.DENSE_MARGIN and not near.dense
+    assert select32(random_csr(1024, 1024, 0.5, seed=20), 256, library=None).spec.family != "dense_gemm"
+
+
+def test_float32_epilogue_costs_the_dense_path_a_pass_over_y():
+    from sparsegen.families import fp32_cost
+
+    stats = analyze(random_csr(1024, 1024, 0.5, seed=20))
+    assert fp32_cost.judge(stats, 256, epilogue=True).dense_s > fp32_cost.judge(stats, 256).dense_s
 
 
 def test_plan_cache_round_trip_keeps_the_spec():
@@ -261,7 +322,7 @@ def test_plan_cache_round_trip_keeps_the_spec():
 # ---- nvcc tier ---------------------------------------------------------------------------------
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("bias,relu", [(False, False), (True, False), (False, True), (True, True)])
 def test_source_compiles_for_sm90(dtype, bias, relu):
     a = random_csr(100, 120, 0.3, seed=10)

@@ -2,7 +2,8 @@
 through torch (and CuPy where it is installed) against scipy and torch.matmul; fp16 NumPy in/out,
 fp16 and bf16 torch tensors in and out (out= written in place), PyCUDA arrays, bias and ReLU by the
 epilogue kernel, a PyCUDA stream, a torch side stream made current, repeated calls, the default
-selection at 50 % sparsity, and tune=True timing dense beside the sparse families."""
+selection at 50 % sparsity, tune=True timing dense beside the sparse families, and fp32 (NumPy and
+torch, TF32 off even where the caller turned it on, the default fp32 selection at 50 %)."""
 from __future__ import annotations
 
 import numpy as np
@@ -174,3 +175,47 @@ def test_tune_times_dense_beside_the_sparse_families():
     assert kernel.spec.family == min(kernel.tuning, key=lambda t: t.ms).family
     x = host_x(np.random.default_rng(18), 4096, 32, "float16")
     assert rel_error(kernel(x), expected(a, x, "float16")) <= TOL["float16"]
+
+
+# ---- float32 ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (300, 500, 16), (129, 65, 7), (1024, 1024, 256)])
+@pytest.mark.parametrize("epilogue", ["none", "bias_relu"])
+def test_fp32_numpy_in_and_out_match_scipy(m, k, n, epilogue):
+    torch_cuda()
+    a = random_csr(m, k, 0.5, seed=m + k)
+    bias = np.random.default_rng(1).standard_normal(m) if "bias" in epilogue else None
+    kernel = compile_dense(a, n, dtype="float32", bias=bias, relu="relu" in epilogue)
+    x = np.random.default_rng(2).standard_normal((k, n)).astype(np.float32)
+    y = kernel(x)
+    assert y.dtype == np.float32 and y.shape == (m, n)
+    assert rel_error(y, reference(a, x, bias, "relu" in epilogue)) <= 1e-5
+
+
+def test_fp32_runs_without_tf32_even_when_the_caller_enabled_it():
+    """TF32 keeps 10 mantissa bits: on K = 4096 its error is ~1e-3, far above fp32's ~1e-6."""
+    torch = torch_cuda()
+    a = fast_random(1024, 4096, 0.5, seed=19)
+    kernel = compile_dense(a, 128, dtype="float32")
+    x = torch.randn(4096, 128, device="cuda", dtype=torch.float32)
+    flags = torch.backends.cuda.matmul
+    before = flags.allow_tf32
+    flags.allow_tf32 = True
+    try:
+        y = kernel(x)
+        torch.cuda.synchronize()
+        assert flags.allow_tf32  # the caller's setting is restored
+    finally:
+        flags.allow_tf32 = before
+    assert rel_error(y.cpu().numpy(), reference(a, x.cpu().numpy())) <= 1e-5
+
+
+def test_fp32_default_selection_takes_dense_at_half_sparsity_and_runs_it():
+    torch = torch_cuda()
+    a = fast_random(2048, 2048, 0.5, seed=20)
+    kernel = sparsegen.compile(a, n=256, backend="gpu")
+    assert kernel.spec.family == "dense_gemm" and kernel.spec.dtype == "f32", kernel.selection.reason
+    x = torch.randn(2048, 256, device="cuda", dtype=torch.float32)
+    assert rel_error(kernel(x).cpu().numpy(), reference(a, x.cpu().numpy())) <= 1e-5
+    sparse = sparsegen.compile(fast_random(2048, 2048, 0.05, seed=21), n=256, backend="gpu")
+    assert sparse.spec.family != "dense_gemm", sparse.selection.reason

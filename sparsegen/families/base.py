@@ -136,12 +136,12 @@ class Step:
 @dataclass(frozen=True)
 class LibraryGemm:
     """A step that a library does instead of a generated kernel (the dense fallback): C = A·B for
-    row-major 16-bit A (m x k), B (k x n) and C (m x n), fp32 accumulation, by cuBLAS through
+    row-major A (m x k), B (k x n) and C (m x n) of one dtype, fp32 accumulation, by cuBLAS through
     `library` ("torch" or "cupy"). `args` name A, B and C as a kernel's arguments do; the runtime
     runs the step in stream order with the kernel steps around it."""
 
     library: str
-    dtype: str  # "float16" | "bfloat16"
+    dtype: str  # "float16" | "bfloat16" | "float32"
     m: int
     k: int
     n: int

@@ -2,12 +2,14 @@
 
 No kernel is generated for the product: the plan holds W densified (M x K, fp16 or bf16), uploaded
 once like any plan, and a call multiplies it by cuBLAS through PyTorch (`torch.matmul(W, X,
-out=Y)`) or, without PyTorch, CuPy (`cupy.matmul`, float16 only: CuPy has no bfloat16), on views of
+out=Y)`) or, without PyTorch, CuPy (`cupy.matmul`, float16 and float32: CuPy has no bfloat16), on views of
 the device buffers (runtime `LibraryGemm`). Bias and ReLU, when asked, are a generated epilogue
 kernel launched after it in stream order: one pass over Y for both, with the bias in fp32 as the
 sparse families add it (torch ops would take a launch each and work in Y's dtype). The rule accepts where
 the skinny cost model (`skinny_cost.py`) predicts that no sparse kernel beats dense: low sparsity,
-wide N.
+wide N. float32 is served too, where the fp32 model (`fp32_cost.py`) predicts cuBLAS SGEMM well ahead
+of the CSR kernels (50-70 % sparse layers); cuBLAS then runs with TF32 off, full fp32 like the
+kernels it replaces.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..formats import dense as FORMAT  # noqa: N812 - the family's format module
-from . import skinny_cost
+from . import fp32_cost, skinny_cost
 from .base import (Arg, KernelSpec, Launch, LibraryGemm, Operand, Request, Rule, Step, accept, decline,
                    epilogue_suffix)
 
@@ -24,9 +26,10 @@ FAMILY = "dense_gemm"
 EPILOGUE_KERNEL = "dense_gemm_epilogue"
 EPILOGUE_THREADS = 256
 LIBRARIES = ("torch", "cupy")  # in order of preference
-LIBRARY_DTYPES = {"torch": ("float16", "bfloat16"), "cupy": ("float16",)}
+LIBRARY_DTYPES = {"torch": ("float16", "bfloat16", "float32"), "cupy": ("float16", "float32")}
 CALLS = {"torch": "torch.matmul", "cupy": "cupy.matmul"}
-DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16"}
+DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
+ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4}
 DTYPE_LONG = {v: k for k, v in DTYPE_SHORT.items()}
 # A densified W past this is refused: the plan holds it on the host, in the plan cache and on the GPU
 # (40 % of an H100's 80 GB), and a matrix that large that needs a fallback is better left sparse.
@@ -36,7 +39,7 @@ MAX_DENSE_BYTES = 32 << 30
 @dataclass(frozen=True)
 class Spec(KernelSpec):
     family: ClassVar[str] = FAMILY
-    dtype: str  # "f16" | "bf16": W, X and Y
+    dtype: str  # "f16" | "bf16" | "f32": W, X and Y
     m: int
     k: int
     n: int
@@ -56,7 +59,7 @@ class Spec(KernelSpec):
     def fields(self) -> dict:
         d = super().fields()
         d.update(call=self.call, epilogue=self.bias or self.relu, threads=EPILOGUE_THREADS,
-                 w_bytes=2 * self.m * self.k)
+                 w_bytes=ITEMSIZE[self.dtype] * self.m * self.k)
         return d
 
     def to_dict(self) -> dict:
@@ -75,7 +78,7 @@ def find_library(dtype: str) -> str | None:
 def unavailable(request: Request) -> str | None:
     """Why this family cannot run here (no binding for the dtype), else None: `tune=True` skips it."""
     if request.dtype in DTYPE_SHORT and find_library(request.dtype) is None:
-        return f"neither torch nor CuPy (float16 only) is importable for {request.dtype}"
+        return f"neither torch nor CuPy (float16 and float32 only) is importable for {request.dtype}"
     return None
 
 
@@ -88,16 +91,16 @@ def gate(stats, request: Request):
     if request.op != "spmm":
         return decline(f"op {request.op!r} is not spmm")
     if request.dtype not in DTYPE_SHORT:
-        return decline(f"dtype {request.dtype}: the dense fallback serves float16/bfloat16 "
-                       f"(float32 selection stays with the CSR kernels)")
+        return decline(f"dtype {request.dtype}: the dense fallback serves float16, bfloat16 and float32")
     out = request.option("out")
     if out not in (None, request.dtype):
         return decline(f"options out={out!r}: cuBLAS writes Y in the input dtype here")
     m, k = stats.shape
     if m == 0 or k == 0:
         return decline(f"empty shape {m}x{k}")
-    if 2 * m * k > MAX_DENSE_BYTES:
-        return decline(f"densified W would take {2 * m * k / 2**30:.0f} GiB (> {MAX_DENSE_BYTES >> 30} GiB)")
+    w_bytes = ITEMSIZE[DTYPE_SHORT[request.dtype]] * m * k
+    if w_bytes > MAX_DENSE_BYTES:
+        return decline(f"densified W would take {w_bytes / 2**30:.0f} GiB (> {MAX_DENSE_BYTES >> 30} GiB)")
     return None
 
 
@@ -120,11 +123,19 @@ def _rule(stats, request: Request):
                                                           f"{epilogue_text(request)}")
     if library is None:
         return decline(f"no cuBLAS binding: {unavailable(request)}")
-    verdict = skinny_cost.judge(stats, request, FAMILY)
-    if not verdict.accepted:
-        return decline(verdict.reason)
+    if request.dtype == "float32":
+        fp32 = fp32_cost.judge(stats, request.n, request.bias or request.relu)
+        if not fp32.dense:
+            return decline(f"sparse kept: {fp32.text}")
+        reason = f"dense predicted faster: {fp32.text}"
+    else:
+        verdict = skinny_cost.judge(stats, request, FAMILY)
+        if not verdict.accepted:
+            return decline(verdict.reason)
+        reason = verdict.reason
     m, k = stats.shape
-    return accept(make_spec(stats, request, library), f"{verdict.reason}; W densified ({2 * m * k / 1e6:.1f} MB) "
+    w_mb = ITEMSIZE[DTYPE_SHORT[request.dtype]] * m * k / 1e6
+    return accept(make_spec(stats, request, library), f"{reason}; W densified ({w_mb:.1f} MB) "
                                                       f"for {describe_call(library)}{epilogue_text(request)}")
 
 
@@ -160,14 +171,14 @@ def operands(spec: Spec, plan) -> tuple:
 
 def emulate_operands(spec: Spec, plan) -> tuple:
     """NumPy has no bfloat16: bf16 X comes as float32 (rounded to bf16 on entry), bf16 Y leaves as
-    float32 holding bf16-rounded values (as the tiled families' emulators do)."""
+    float32 holding bf16-rounded values (as the tiled families' emulators do). f32 is float32."""
     host = "float16" if spec.dtype == "f16" else "float32"
     return (Operand("x", (spec.k, spec.n), host),), Operand("y", (spec.m, spec.n), host)
 
 
 def alignment(spec: Spec) -> int:
     """cuBLAS takes any element-aligned pointer; the epilogue reads and writes single elements."""
-    return 2
+    return ITEMSIZE[spec.dtype]
 
 
 def emulate(spec: Spec, plan, inputs: dict):
