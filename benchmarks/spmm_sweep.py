@@ -22,13 +22,20 @@ def add_matrix_arguments(ap, every: int) -> None:
     ap.add_argument("--every", type=int, default=every, help="every k-th DLMC matrix (0: none)")
     ap.add_argument("--offset", type=int, default=0, help="start at this DLMC matrix (with --every)")
     ap.add_argument("--random", default="", help="e.g. 4096:0.8,8192:0.9")
+    ap.add_argument("--indices", default="", help="these DLMC matrices (positions in the list, e.g. 1,11,14) "
+                                                  "instead of --every/--offset")
 
 
 def sweep_matrices(args) -> list:
     """(id, loader) of the matrices `add_matrix_arguments` selected: DLMC, then random squares."""
     from sparsegen.bench.dlmc import dlmc_matrices, random_square
 
-    mats = [(m.id, m.load) for m in dlmc_matrices(args.data)[args.offset::args.every]] if args.every else []
+    listed = dlmc_matrices(args.data) if args.every or args.indices else []
+    if args.indices:
+        chosen = [listed[int(i)] for i in args.indices.split(",")]
+    else:
+        chosen = listed[args.offset::args.every] if args.every else []
+    mats = [(m.id, m.load) for m in chosen]
     for item in filter(None, args.random.split(",")):
         size, sparsity = item.split(":")
         mats.append((f"random/{size}/{sparsity}",

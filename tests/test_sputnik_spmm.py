@@ -79,7 +79,21 @@ def test_default_selection_keeps_narrow_or_short_rows_on_csr_rowsplit():
     long_rows = random_csr(512, 1024, 0.2, seed=12)  # ~205 per row (past 2048 columns panel_spmm takes it)
     assert chosen(long_rows, 128) == "sputnik_spmm"
     assert chosen(long_rows, 32) == "csr_rowsplit"
-    assert chosen(random_csr(512, 2048, 0.03, seed=12), 256) == "csr_rowsplit"  # ~61 per row
+    assert chosen(random_csr(512, 2048, 0.03, seed=12), 256) == "csr_rowsplit"  # ~61 per row, 1024 warps
+
+
+def test_short_rows_go_to_sputnik_when_the_rows_alone_fill_the_gpu_in_float32():
+    from sparsegen.families import sputnik_spmm as fam
+
+    many = analyze(random_csr(2048, 512, 0.1, seed=13))  # ~51 per row; 2048 rows x 2 tiles at n = 256
+    sel = select(many, op="spmm", n=256)
+    assert sel.spec.family == "sputnik_spmm", sel.reason
+    assert fam.unsplit_warps(many, fam.Request("spmm", n=256)) == 4096
+    assert select(many, op="spmm", n=128).spec.family == "csr_rowsplit"  # 2048 warps: too few
+    why = dict((r, w) for r, _, w in select(many, op="spmm", n=128).tried)["sputnik_spmm"]
+    assert "2048 warps unsplit" in why and f">= {fam.MIN_GRID_WARPS} warps" in why
+    assert select(analyze(random_csr(512, 2048, 0.03, seed=12)), op="spmm", n=1024).spec.family == "sputnik_spmm"
+    assert select(many, op="spmm", n=256, dtype="float16").spec.family != "sputnik_spmm"  # measured in fp32 only
 
 
 def test_name_reason_and_options():

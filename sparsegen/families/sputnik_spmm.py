@@ -32,6 +32,13 @@ SWIZZLE_COV = 0.1  # row-length CoV above which rows run longest first
 # wide outputs with long rows. Narrow n or short rows give too few warps per staged chunk.
 MIN_N = 128
 MIN_MEAN_ROW = 128
+# Shorter rows too, where rows x column tiles alone give this many warps (rows unsplit): the sweep
+# of every DLMC matrix with each family (probes/spmm_sweep_f32_families_{even,odd}.json) has
+# sputnik_spmm fastest or within 7 % on the 2048-row layers at n >= 256 (rows of 26-150 nonzeros,
+# where csr_rowsplit ran 1.1-1.95x slower) and on 512-row layers at n = 1024; with fewer warps
+# (512 rows at n <= 256) csr_rowsplit's narrowed tiles and split rows win. float32 only: fp16 was not swept.
+MIN_GRID_WARPS = 4096
+MIN_GRID_MEAN_ROW = 24  # the shortest rows that sweep covered (26 nonzeros); shorter ones stay on csr_rowsplit
 INDEX16_MAX_COLS = 32767  # int16 column indices (fp16 only)
 # Many long rows (fp32, at least 2048 x 2048 with >= 256 nonzeros a row): measured on the 2048-,
 # 4096- and 8192-row random squares at 80/90 % (probes/spmm_sweep_random_sputnik.txt,
@@ -97,6 +104,14 @@ def row_split(m: int, n: int, tile_n: int, width: int, mean: float, target: int)
     return ksplit
 
 
+def unsplit_warps(stats, request: Request) -> int:
+    """Warps of the default tile with rows unsplit: how much parallelism the rows alone give."""
+    itemsize = 2 if request.dtype == "float16" else 4
+    vec = widest_vector(request.n, itemsize)
+    width = min(WARP, max(1, TILE_BYTES // (vec * itemsize)), next_pow2(-(-request.n // vec)))
+    return warps(stats.shape[0], request.n, width * vec, width, 1)
+
+
 def many_long_rows(m: int, k: int, mean: float, f16: bool) -> bool:
     """Where the measured many-row choices apply (fp32, >= 2048 x 2048, rows >= 256 nonzeros)."""
     return m >= MANY_ROWS and k >= MANY_COLS and mean >= MANY_ROWS_MEAN and not f16
@@ -149,9 +164,12 @@ def _rule(stats, request: Request):
     if gate:
         return gate
     mean = stats.row_lengths.mean
-    if request.option("family") != FAMILY and (request.n < MIN_N or mean < MIN_MEAN_ROW):
-        return decline(f"n={request.n}, rows avg {mean:.1f} nnz: below n >= {MIN_N} with rows >= {MIN_MEAN_ROW}, "
-                       f"where it was measured faster than csr_rowsplit")
+    grid = unsplit_warps(stats, request)
+    wide_grid = grid >= MIN_GRID_WARPS and mean >= MIN_GRID_MEAN_ROW and request.dtype == "float32"
+    if request.option("family") != FAMILY and (request.n < MIN_N or (mean < MIN_MEAN_ROW and not wide_grid)):
+        return decline(f"n={request.n}, rows avg {mean:.1f} nnz, {grid} warps unsplit: outside n >= {MIN_N} with "
+                       f"rows >= {MIN_MEAN_ROW} (or, in float32, >= {MIN_GRID_MEAN_ROW} with >= {MIN_GRID_WARPS} warps), where it was "
+                       f"measured faster than csr_rowsplit")
     ksplit, tile_bytes = request.option("ksplit"), request.option("tile_bytes")
     chunk, batch, block = request.option("chunk"), request.option("batch"), request.option("block")
     if ksplit is not None and ksplit not in (1, 2, 4, 8, 16):
