@@ -294,11 +294,12 @@ class _TorchBlas(_Binding):
         super().__init__()
         self.torch = torch
         self.dtype = getattr(torch, dtype)
+        self.fp32 = dtype == "float32"
         self.device = torch.device("cuda", device_ordinal())
         self.streams: dict = {}
 
     def wrap(self, ptr: int, shape: tuple):
-        if self.dtype == self.torch.float32:
+        if self.fp32:
             return self.torch.as_tensor(_DeviceBuffer(ptr, shape, "<f4"), device=self.device)
         return self.torch.as_tensor(_DeviceBuffer(ptr, shape, "<i2"), device=self.device).view(self.dtype)
 
@@ -311,7 +312,7 @@ class _TorchBlas(_Binding):
             self.streams[handle] = (self.torch.cuda.default_stream(self.device) if handle == 0 else
                                     self.torch.cuda.ExternalStream(handle, device=self.device))
         flags = self.torch.backends.cuda.matmul
-        tf32 = self.dtype == self.torch.float32 and flags.allow_tf32
+        tf32 = self.fp32 and flags.allow_tf32
         if tf32:
             flags.allow_tf32 = False
         try:

@@ -59,11 +59,16 @@ class Spec(KernelSpec):
     def fields(self) -> dict:
         d = super().fields()
         d.update(call=self.call, epilogue=self.bias or self.relu, threads=EPILOGUE_THREADS,
-                 w_bytes=ITEMSIZE[self.dtype] * self.m * self.k)
+                 w_bytes=w_bytes(self.dtype, self.m, self.k))
         return d
 
     def to_dict(self) -> dict:
         return {"family": self.family, "name": self.name, **KernelSpec.fields(self)}
+
+
+def w_bytes(short_dtype: str, m: int, k: int) -> int:
+    """Bytes of W densified in the spec's dtype ("f16", "bf16" or "f32")."""
+    return ITEMSIZE[short_dtype] * m * k
 
 
 def find_library(dtype: str) -> str | None:
@@ -98,9 +103,9 @@ def gate(stats, request: Request):
     m, k = stats.shape
     if m == 0 or k == 0:
         return decline(f"empty shape {m}x{k}")
-    w_bytes = ITEMSIZE[DTYPE_SHORT[request.dtype]] * m * k
-    if w_bytes > MAX_DENSE_BYTES:
-        return decline(f"densified W would take {w_bytes / 2**30:.0f} GiB (> {MAX_DENSE_BYTES >> 30} GiB)")
+    size = w_bytes(DTYPE_SHORT[request.dtype], m, k)
+    if size > MAX_DENSE_BYTES:
+        return decline(f"densified W would take {size / 2**30:.0f} GiB (> {MAX_DENSE_BYTES >> 30} GiB)")
     return None
 
 
@@ -134,7 +139,7 @@ def _rule(stats, request: Request):
             return decline(verdict.reason)
         reason = verdict.reason
     m, k = stats.shape
-    w_mb = ITEMSIZE[DTYPE_SHORT[request.dtype]] * m * k / 1e6
+    w_mb = w_bytes(DTYPE_SHORT[request.dtype], m, k) / 1e6
     return accept(make_spec(stats, request, library), f"{reason}; W densified ({w_mb:.1f} MB) "
                                                       f"for {describe_call(library)}{epilogue_text(request)}")
 

@@ -104,11 +104,15 @@ def row_split(m: int, n: int, tile_n: int, width: int, mean: float, target: int)
     return ksplit
 
 
+def row_group(n: int, itemsize: int, tile_bytes: int | None = None) -> tuple[int, int]:
+    """(vec, width): elements per load and threads of a row group across at most `tile_bytes` of output."""
+    vec = widest_vector(n, itemsize)
+    return vec, min(WARP, max(1, (tile_bytes or TILE_BYTES) // (vec * itemsize)), next_pow2(-(-n // vec)))
+
+
 def unsplit_warps(stats, request: Request) -> int:
     """Warps of the default tile with rows unsplit: how much parallelism the rows alone give."""
-    itemsize = 2 if request.dtype == "float16" else 4
-    vec = widest_vector(request.n, itemsize)
-    width = min(WARP, max(1, TILE_BYTES // (vec * itemsize)), next_pow2(-(-request.n // vec)))
+    vec, width = row_group(request.n, 2 if request.dtype == "float16" else 4)
     return warps(stats.shape[0], request.n, width * vec, width, 1)
 
 
@@ -126,8 +130,7 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     itemsize = 2 if f16 else 4
     n, (m, k) = request.n, stats.shape
     mean = stats.row_lengths.mean
-    vec = widest_vector(n, itemsize)
-    width = min(WARP, max(1, (tile_bytes or TILE_BYTES) // (vec * itemsize)), next_pow2(-(-n // vec)))
+    vec, width = row_group(n, itemsize, tile_bytes)
     tile_n = width * vec
     target = WARPS_PER_SM * sm_count(request.arch)
     many = many_long_rows(m, k, mean, f16)
