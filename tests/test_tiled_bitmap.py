@@ -382,3 +382,17 @@ def test_k_groups_are_tiled_csl_only_and_bounded_by_accumulators():
     with pytest.raises(UnsupportedError, match="warp_k"):
         sparsegen.compile(a, n=16, dtype="float16", backend="emulate",
                           options={"family": "tiled_csl_spmm", "warp_k": 3})
+
+
+@pytest.mark.parametrize("tile_m,warps", [(64, 4), (128, 4), (256, 8)])
+def test_encoding_does_not_depend_on_the_bands(monkeypatch, tile_m, warps):
+    """Bands of one row tile (and of a few nonzeros) give the same arrays as one band."""
+    from sparsegen.formats import tiling
+
+    a = random_csr(700, 1000, 0.3, seed=6)
+    whole = fmt.encode(a, "float16", tile_m, warps=warps)
+    monkeypatch.setattr(fmt, "bands", lambda indptr, grid: tiling.bands(indptr, grid, max_tiles=1, max_nonzeros=10))
+    banded = fmt.encode(a, "float16", tile_m, warps=warps)
+    assert banded.constants == whole.constants
+    for name in whole.arrays:
+        assert np.array_equal(banded.arrays[name], whole.arrays[name]), name

@@ -121,14 +121,45 @@ def test_scatter_rounds_are_bank_conflict_free(density):
     assert default.sum() <= 1.25 * strict.size
 
 
-def test_vectorised_encoder_handles_an_opt_sized_slab_quickly():
-    import time
+@pytest.mark.parametrize("strict", [False, True])
+def test_encoding_does_not_depend_on_the_bands(monkeypatch, strict):
+    """The encoder works a band of row tiles at a time; bands of one row tile (and of a few
+    nonzeros) give the same words as one band for the whole matrix."""
+    from sparsegen.formats import tiling
 
-    a = random_csr(512, 28672, 0.2, seed=5)  # a 512-row slab of OPT-66B's fc2, 80 % sparse
-    t = time.perf_counter()
-    plan = fmt.encode(a, "float16", 128)
-    assert time.perf_counter() - t < 5
-    assert plan.constants["nnz"] == a.nnz
+    a = random_csr(700, 1000, 0.3, seed=5)  # 6 x 16 tiles of 128 x 64, residues both ways
+    whole = fmt.encode(a, "float16", 128, strict_banks=strict)
+    assert len(tiling.bands(a.indptr, tiling.TileGrid(700, 1000, 128))) == 1
+    monkeypatch.setattr(fmt, "bands", lambda indptr, grid: tiling.bands(indptr, grid, max_tiles=1, max_nonzeros=10))
+    assert len(fmt.bands(a.indptr, tiling.TileGrid(700, 1000, 128))) == 6
+    banded = fmt.encode(a, "float16", 128, strict_banks=strict)
+    assert banded.constants == whole.constants
+    for name in whole.arrays:
+        assert np.array_equal(banded.arrays[name], whole.arrays[name]), name
+
+
+def test_bands_cover_the_grid_in_whole_row_tiles():
+    from sparsegen.formats import tiling
+
+    a = random_csr(1000, 300, 0.5, seed=2)
+    grid = tiling.TileGrid(1000, 300, 64)  # 16 row tiles, 5 tile columns
+    got = tiling.bands(a.indptr, grid, max_tiles=20, max_nonzeros=5000)
+    assert got[0].first == 0 and got[-1].stop == grid.m_tiles and got[-1].hi == a.nnz
+    for prev, band in zip(got, got[1:]):
+        assert band.first == prev.stop and band.lo == prev.hi
+    for band in got:
+        assert 1 <= band.row_tiles <= 4  # 20 tiles = 4 row tiles
+        assert band.row_tiles == 1 or band.hi - band.lo <= 5000
+
+
+def test_stable_order_is_numpys_stable_argsort():
+    from sparsegen.formats import tiling
+
+    rng = np.random.default_rng(0)
+    for bound in (1, 7, 1 << 16, (1 << 16) + 1, 1 << 40):
+        keys = rng.integers(0, bound, 5000, dtype=np.int64)
+        assert np.array_equal(tiling.stable_order(keys, bound), np.argsort(keys, kind="stable")), bound
+    assert tiling.stable_order(np.zeros(0, np.int64), 10).size == 0
 
 
 # ---- the kernel's view: ldmatrix of the scattered tile gives mma's A operand -------------------

@@ -31,8 +31,8 @@ import scipy.sparse as sp
 
 from . import Plan
 from .halfbits import from_bits, to_bits
-from .tiled_csl import multiply, radix_argsort
-from .tiling import TILE_K, TileGrid, check_half_csr, rank_in_group, split_tiles
+from .tiled_csl import multiply
+from .tiling import TILE_K, Band, TileGrid, band_nonzeros, bands, check_half_csr, rank_in_group, stable_order
 
 NAME = "tiled_bitmap"
 WARPS = 4
@@ -46,17 +46,21 @@ def fragments_per_warp(tile_m: int, warps: int = WARPS) -> int:
 
 
 def element_code(row, col, tile_m: int, warps: int = WARPS):
-    """(fragment index within the tile, lane * 8 + i) of tile element (row, col)."""
-    row = np.asarray(row, dtype=np.int64)
-    col = np.asarray(col, dtype=np.int64)
+    """(fragment index within the tile, lane * 8 + i) of tile element (row, col); int32 (the sizes
+    are powers of two, so every division is a shift)."""
+    row = np.asarray(row, dtype=np.int32)
+    col = np.asarray(col, dtype=np.int32)
     rows_per_warp = tile_m // warps
     mfs = rows_per_warp // FRAG
-    warp, within = row // rows_per_warp, row % rows_per_warp
-    mf, r, ks, c = within // FRAG, within % FRAG, col // FRAG, col % FRAG
+    shift = rows_per_warp.bit_length() - 1
+    if rows_per_warp != 1 << shift or mfs < 1:
+        raise ValueError(f"tile_m / warps = {tile_m} / {warps} must be a power of two >= {FRAG}")
+    warp, within = row >> shift, row & (rows_per_warp - 1)
+    mf, r, ks, c = within >> 4, within & 15, col >> 4, col & 15
     frag = warp * fragments_per_warp(tile_m, warps) + ks * mfs + mf
-    lane = (r % 8) * 4 + (c % 8) // 2
-    reg = r // 8 + 2 * (c // 8)
-    return frag, lane * 8 + 2 * reg + c % 2
+    lane = ((r & 7) << 2) + ((c & 7) >> 1)
+    reg = (r >> 3) + ((c >> 3) << 1)
+    return frag, (lane << 3) + (reg << 1) + (c & 1)
 
 
 def element_position(frag, code, tile_m: int, warps: int = WARPS):
@@ -90,38 +94,60 @@ def encode(csr: sp.csr_matrix, dtype: str, tile_m: int = 128, bias: np.ndarray |
     if tile_m % (warps * FRAG):
         raise ValueError(f"tile_m {tile_m} must be a multiple of {warps * FRAG} ({warps} warps of 16-row fragments)")
     grid = TileGrid(*csr.shape, tile_m)
-    nz = split_tiles(csr, grid)
-    frag, code = element_code(nz.row, nz.col, tile_m, warps)
-    frags_per_tile = warps * fragments_per_warp(tile_m, warps)
-    gfrag = nz.tile * frags_per_tile + frag  # global fragment index (tile-major)
+    parts = [_encode_band(csr, grid, band, dtype, warps) for band in bands(csr.indptr, grid)]
+    bitmaps = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.uint32)
+    values = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.uint16)
+    per_slice = (np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.int64)).reshape(grid.tiles, warps)
 
-    bit_word, bit = bitmap_bit(gfrag, code, fragments_per_warp(tile_m, warps))
-    weights = (np.int64(1) << bit).astype(np.float64)  # exact: every (word, bit) is set once
-    nwords = grid.tiles * frags_per_tile * FRAG_WORDS
-    bitmaps = np.bincount(bit_word, weights=weights, minlength=nwords).astype(np.uint64).astype(np.uint32)
-
-    # Values in consumption order; slice (tile, warp) starts, each tile rounded up to 16 bytes.
-    order = radix_argsort(gfrag * 256 + code)
-    slice_id = gfrag[order] // fragments_per_warp(tile_m, warps)  # tile * warps + warp
-    per_slice = np.bincount(slice_id, minlength=grid.tiles * warps).reshape(grid.tiles, warps)
+    # Slice (tile, warp) starts, each tile rounded up to 16 bytes (as the bands laid them out).
     per_tile = per_slice.sum(axis=1)
+    padded = -(-per_tile // ALIGN_HALVES) * ALIGN_HALVES
     tile_start = np.zeros(grid.tiles + 1, dtype=np.int64)
-    np.cumsum(-(-per_tile // ALIGN_HALVES) * ALIGN_HALVES, out=tile_start[1:])
+    np.cumsum(padded, out=tile_start[1:])
     slice_start = tile_start[:-1, None] + np.cumsum(per_slice, axis=1) - per_slice
     offsets = np.concatenate([slice_start.ravel(), np.full(warps, tile_start[-1])])
     if offsets[-1] >= 2**31:
         raise OverflowError("tiled bitmap values exceed 2**31 halves")
-    values = np.zeros(int(tile_start[-1]), dtype=np.uint16)
-    values[slice_start.ravel()[slice_id] + rank_in_group(slice_id)] = to_bits(nz.values[order], dtype)
 
     arrays = {"bitmaps": bitmaps, "values": values, "slice_offsets": offsets.astype(np.int32)}
     if bias is not None:
         arrays["bias"] = np.ascontiguousarray(bias, dtype=np.float32)
-    padded = -(-per_tile // ALIGN_HALVES) * ALIGN_HALVES
     constants = {"m": grid.m, "k": grid.k, "nnz": int(csr.nnz), "tile_m": tile_m, "tile_k": TILE_K,
                  "m_tiles": grid.m_tiles, "k_tiles": grid.k_tiles, "warps": warps, "dtype": dtype,
                  "max_tile_values": int(padded.max(initial=0)), "empty_tiles": int((per_tile == 0).sum())}
     return Plan(NAME, arrays, constants)
+
+
+def _encode_band(csr, grid: TileGrid, band: Band, dtype: str, warps: int):
+    """One band's bitmap words, its values (each tile padded to ALIGN_HALVES), and the nonzeros
+    of each of its warp slices (tile-major)."""
+    tiles = band.row_tiles * grid.k_tiles
+    fpw = fragments_per_warp(grid.tile_m, warps)
+    tile, row, col = band_nonzeros(csr, grid, band)
+    frag, code = element_code(row, col, grid.tile_m, warps)
+    gfrag = tile * (warps * fpw) + frag  # fragment within the band (tile-major)
+    del tile, row, col, frag
+
+    # One bit per element: set in a byte-per-bit image of the band's bitmaps, packed little-endian.
+    word, bit = bitmap_bit(gfrag, code, fpw)
+    image = np.zeros(tiles * warps * fpw * FRAG_WORDS * 32, dtype=bool)
+    image[word * 32 + bit] = True
+    bitmaps = np.packbits(image, bitorder="little").view("<u4").astype(np.uint32, copy=False)
+    del image, word, bit
+
+    # Values in consumption order: fragment by fragment, each by lane and element (code).
+    order = stable_order(code, 256)
+    order = order[stable_order(gfrag[order], tiles * warps * fpw)]
+    slice_id = gfrag[order] // fpw  # tile * warps + warp, ascending
+    per_slice = np.bincount(slice_id, minlength=tiles * warps)
+    per_tile = per_slice.reshape(tiles, warps).sum(axis=1)
+    tile_start = np.zeros(tiles + 1, dtype=np.int64)
+    np.cumsum(-(-per_tile // ALIGN_HALVES) * ALIGN_HALVES, out=tile_start[1:])
+    slice_start = (tile_start[:-1, None] + np.cumsum(per_slice.reshape(tiles, warps), axis=1)
+                   - per_slice.reshape(tiles, warps)).ravel()
+    values = np.zeros(int(tile_start[-1]), dtype=np.uint16)
+    values[slice_start[slice_id] + rank_in_group(slice_id)] = to_bits(csr.data[band.lo:band.hi][order], dtype)
+    return bitmaps, values, per_slice.astype(np.int64)
 
 
 def decode(plan: Plan) -> sp.coo_matrix:

@@ -35,7 +35,7 @@ import scipy.sparse as sp
 
 from . import Plan
 from .halfbits import from_bits, round_to, to_bits
-from .tiling import TILE_K, TileGrid, check_half_csr, rank_in_group, split_tiles
+from .tiling import TILE_K, Band, TileGrid, band_nonzeros, bands, check_half_csr, rank_in_group, stable_order
 
 NAME = "tiled_csl"
 WARP = 32
@@ -59,50 +59,20 @@ def unswizzle(pos):
     return row, (((within >> 3) ^ (row & 7)) << 3) + (within & 7)
 
 
-def bank_of(pos):
-    return (np.asarray(pos, dtype=np.int64) >> 1) % BANKS
-
-
 def encode(csr: sp.csr_matrix, dtype: str, tile_m: int = 128, bias: np.ndarray | None = None,
            strict_banks: bool = False) -> Plan:
     """Encode a canonical CSR matrix; `dtype` is "float16" or "bfloat16" (values as bit patterns)."""
     csr = check_half_csr(csr)
     grid = TileGrid(*csr.shape, tile_m)
-    sink = grid.area  # first half past the tile
-    nz = split_tiles(csr, grid)
-    pos = swizzled_position(nz.row, nz.col)
-    counts = np.bincount(nz.tile, minlength=grid.tiles).astype(np.int64)
-
-    # Padding words: to whole vectors, or (strict) every bank up to the fullest bank of its tile.
-    if strict_banks:
-        per_bank = np.bincount(nz.tile * BANKS + bank_of(pos), minlength=grid.tiles * BANKS).reshape(-1, BANKS)
-        rounds = -(-per_bank.max(axis=1, initial=0) // VECTOR) * VECTOR  # words per lane
-        pads = (rounds[:, None] - per_bank).ravel()
-        pad_tile = np.repeat(np.repeat(np.arange(grid.tiles, dtype=np.int64), BANKS), pads)
-        pad_pos = sink + 2 * np.tile(np.arange(BANKS, dtype=np.int64), grid.tiles).repeat(pads)
-    else:
-        pads = (-counts) % VECTOR
-        pad_tile = np.repeat(np.arange(grid.tiles, dtype=np.int64), pads)
-        pad_pos = np.full(pad_tile.size, sink, dtype=np.int64)
-    lengths = counts + np.bincount(pad_tile, minlength=grid.tiles)  # words per tile, multiple of 4
-
-    tile = np.concatenate([nz.tile, pad_tile])
-    pos = np.concatenate([pos, pad_pos])
-    bits = np.concatenate([to_bits(nz.values, dtype), np.zeros(pad_tile.size, np.uint16)])
-    words = bits.astype(np.uint32) | ((2 * pos).astype(np.uint32) << 16)  # byte offset in the tile
-
-    # Bank-major, then virtual-round-major: the v-th word of every bank forms virtual round v.
-    bank = bank_of(pos)
-    by_bank = radix_argsort(tile * BANKS + bank)
-    v = rank_in_group(tile[by_bank] * BANKS + bank[by_bank])
-    order = by_bank[radix_argsort((tile[by_bank] * (int(v.max(initial=0)) + 1) + v) * BANKS + bank[by_bank])]
-    tile_sorted = tile[order]
+    parts, lengths = [], []
+    for band in bands(csr.indptr, grid):
+        words, band_lengths = _encode_band(csr, grid, band, dtype, strict_banks)
+        parts.append(words)
+        lengths.append(band_lengths)
+    out = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
+    lengths = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
     vec_offsets = np.zeros(grid.tiles + 1, dtype=np.int64)
     np.cumsum(lengths // VECTOR, out=vec_offsets[1:])
-    slot = _deal_rounds(rank_in_group(tile_sorted), lengths[tile_sorted])
-    out = np.zeros(int(vec_offsets[-1]) * VECTOR, dtype=np.uint32)
-    out[VECTOR * vec_offsets[tile_sorted] + slot] = words[order]
-
     if vec_offsets[-1] >= 2**31:
         raise OverflowError("Tiled-CSL encoding exceeds 2**31 vectors")
     arrays = {"words": out, "tile_offsets": vec_offsets.astype(np.int32)}
@@ -116,6 +86,54 @@ def encode(csr: sp.csr_matrix, dtype: str, tile_m: int = 128, bias: np.ndarray |
     return Plan(NAME, arrays, constants)
 
 
+def _encode_band(csr, grid: TileGrid, band: Band, dtype: str, strict_banks: bool):
+    """The words of one band's tiles, in tile order (each tile's in store-round order), and the
+    number of words of each of its tiles."""
+    tiles = band.row_tiles * grid.k_tiles
+    tile, row, col = band_nonzeros(csr, grid, band)
+    swz = (((col >> 3) ^ (row & 7)) << 3) | (col & 7)  # column in the swizzled row
+    pos = row * TILE_K + swz
+    bank = swz >> 1  # a row is 32 banks: a half-word's bank is its swizzled column / 2
+    counts = np.bincount(tile, minlength=tiles)
+
+    # Padding words: to whole vectors, or (strict) every bank up to the fullest bank of its tile.
+    # They write the sink past the tile (bank b of the sink for a pad of bank b).
+    if strict_banks:
+        per_bank = np.bincount(tile * BANKS + bank, minlength=tiles * BANKS).reshape(-1, BANKS)
+        rounds = -(-per_bank.max(axis=1, initial=0) // VECTOR) * VECTOR  # words per lane
+        pads = (rounds[:, None] - per_bank).ravel()
+        pad_tile = np.repeat(np.repeat(np.arange(tiles, dtype=np.int32), BANKS), pads)
+        pad_bank = np.tile(np.arange(BANKS, dtype=np.int32), tiles).repeat(pads)
+    else:
+        pads = (-counts) % VECTOR
+        pad_tile = np.repeat(np.arange(tiles, dtype=np.int32), pads)
+        pad_bank = np.zeros(pad_tile.size, dtype=np.int32)
+    lengths = counts + np.bincount(pad_tile, minlength=tiles)  # words per tile, multiple of 4
+
+    tile = np.concatenate([tile, pad_tile])
+    bank = np.concatenate([bank, pad_bank])
+    pos = np.concatenate([pos, grid.area + 2 * pad_bank])
+    bits = np.concatenate([to_bits(csr.data[band.lo:band.hi], dtype), np.zeros(pad_tile.size, np.uint16)])
+    words = bits.astype(np.uint32) | (pos.astype(np.uint32) << 17)  # byte offset (2 x pos) in the high half
+    del bits, pos
+
+    # Bank-major, then virtual-round-major: the v-th word of every bank forms virtual round v
+    # (stable sorts: a bank's words keep their CSR order, pads last).
+    by_bank = stable_order(tile * BANKS + bank, tiles * BANKS)
+    v = rank_in_group(tile[by_bank] * BANKS + bank[by_bank])
+    round_key = v * BANKS + bank[by_bank]
+    order = by_bank[stable_order(round_key, int(round_key.max(initial=0)) + 1)]
+    order = order[stable_order(tile[order], tiles)]  # tiles in order, each by (virtual round, bank)
+    del by_bank, v, round_key
+    tile_sorted = tile[order]
+    starts = np.zeros(tiles + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    slot = _deal_rounds(np.arange(tile_sorted.size, dtype=np.int64) - starts[tile_sorted], lengths[tile_sorted])
+    out = np.zeros(int(starts[-1]), dtype=np.uint32)
+    out[starts[tile_sorted] + slot] = words[order]
+    return out, lengths.astype(np.int64)
+
+
 def _deal_rounds(rank: np.ndarray, length: np.ndarray) -> np.ndarray:
     """Word slot inside its tile of the `rank`-th word of a tile of `length` words, filling store
     rounds in order: round (g, q) is word q of vectors 32 g .. 32 g + 31 (lanes 0..31), except the
@@ -124,27 +142,13 @@ def _deal_rounds(rank: np.ndarray, length: np.ndarray) -> np.ndarray:
     vectors = length // VECTOR
     groups = -(-vectors // WARP)
     before = VECTOR * WARP * (groups - 1)  # words in the full groups
-    # a full group: rank = (g * VECTOR + q) * WARP + lane
-    g = rank // (VECTOR * WARP)
-    within = rank - g * (VECTOR * WARP)
-    slot_full = VECTOR * (WARP * g + within % WARP) + within // WARP
+    # a full group: rank = (g * VECTOR + q) * WARP + lane -> slot VECTOR * (WARP * g + lane) + q
+    slot = (rank & ~(VECTOR * WARP - 1)) + VECTOR * (rank & (WARP - 1)) + ((rank >> 5) & (VECTOR - 1))
     # the last group: rank - before = q * lanes + lane, with lanes = the vectors it has
-    q, lane = np.divmod(rank - before, np.maximum(vectors - WARP * (groups - 1), 1))
-    return np.where(rank < before, slot_full, VECTOR * (WARP * (groups - 1) + lane) + q)
-
-
-def radix_argsort(keys: np.ndarray) -> np.ndarray:
-    """Stable argsort of non-negative integer keys by 16-bit digits (NumPy radix-sorts 16-bit
-    integers; far faster than a comparison sort on the tens of millions of words of an LLM weight)."""
-    keys = np.asarray(keys, dtype=np.uint64)
-    order = np.arange(keys.size, dtype=np.int64)
-    top = int(keys.max(initial=0))
-    shift = 0
-    while shift == 0 or top >> shift:
-        digit = ((keys[order] >> np.uint64(shift)) & np.uint64(0xFFFF)).astype(np.uint16)
-        order = order[np.argsort(digit, kind="stable")]
-        shift += 16
-    return order
+    last = np.flatnonzero(rank >= before)
+    q, lane = np.divmod(rank[last] - before[last], vectors[last] - WARP * (groups[last] - 1))
+    slot[last] = VECTOR * (WARP * (groups[last] - 1) + lane) + q
+    return slot
 
 
 def decode(plan: Plan) -> sp.coo_matrix:
