@@ -316,16 +316,22 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
 
     t = time.perf_counter()
     structure, values = _hashes(csr)
-    plan_key = key("plan", __version__, generator_fingerprint(), structure, values,
-                   bias_vec.tobytes() if bias_vec is not None else b"", repr(sorted(vars(request).items())))
+    bias_bytes = bias_vec.tobytes() if bias_vec is not None else b""
+    plan_key = key("plan", __version__, generator_fingerprint(), structure, values, bias_bytes,
+                   repr(sorted(vars(request).items())))
     timings.hash = time.perf_counter() - t
     kernel = _load_plan(cache, plan_key, request, backend, arch, structure, timings)
     if kernel is None:
-        kernel = _build(csr, request, bias_vec, backend, arch, structure, reproduce, timings)
+        stored = Stored(cache, structure, values, bias_bytes)
+        kernel = _build(csr, request, bias_vec, backend, arch, stored, reproduce, timings)
         meta = {"selection": kernel.selection.to_dict(),
                 "plan": {"format": kernel.plan.format, "constants": kernel.plan.constants},
                 "source": kernel.source, "stats": kernel.stats.to_dict()}
-        cache.put("plan", plan_key, pack_arrays(meta, kernel.plan.arrays))
+        arrays = kernel.plan.arrays
+        if stored.format_key is not None:  # the arrays are the format entry's: point at it
+            meta["plan"]["format_key"] = stored.format_key
+            arrays = {k: a for k, a in arrays.items() if stored.format_arrays.get(k) is not a}
+        cache.put("plan", plan_key, pack_arrays(meta, arrays))
     if backend == "gpu":
         kernel._cubin = _cubin_for(kernel.source, kernel.target, kernel.spec.name, cache, timings)
     timings.total = time.perf_counter() - t0
@@ -342,24 +348,80 @@ def _hashes(csr) -> tuple[str, str]:
         return structure_hash(csr), values.result()
 
 
-def _build(csr, request, bias_vec, backend, arch, structure, reproduce, timings) -> Kernel:
+@dataclass
+class Stored:
+    """What a plan miss may still find in the cache: the matrix's analysis, and (for families that
+    name their encoding's parameters) its encoding, both shared by every request for the matrix.
+    `format_key`/`format_arrays` say which format entry the built plan's arrays came from."""
+
+    cache: Cache
+    structure: str
+    values: str
+    bias: bytes
+    format_key: str | None = None
+    format_arrays: dict = field(default_factory=dict)
+
+    def stats(self, csr):
+        from .analyze import MatrixStats
+
+        k = key("stats", __version__, generator_fingerprint(), self.structure, self.values)
+        payload = self.cache.get("stats", k)
+        if payload is not None:
+            try:
+                return MatrixStats.from_dict(json.loads(bytes(payload))), True
+            except Exception as exc:  # written by another version, or damaged past its checksum
+                log.warning("cache: unreadable stats entry %s (%s); analyzing again", k, exc)
+        stats = analyze(csr)
+        self.cache.put("stats", k, json.dumps(stats.to_dict(), sort_keys=True).encode())
+        return stats, False
+
+    def encode(self, family, csr, spec, bias_vec):
+        """family.encode(csr, spec, bias), through the format cache where the family names the spec
+        fields its encoding reads (`encoding(spec)`): one encoding serves every n."""
+        if not hasattr(family, "encoding"):
+            return family.encode(csr, spec, bias_vec), False
+        k = key("format", __version__, generator_fingerprint(), self.structure, self.values, self.bias,
+                spec.family, repr(family.encoding(spec)))
+        base, hit = _load_format(self.cache, k), True
+        if base is None:
+            base, hit = family.encode_format(csr, spec, bias_vec), False
+            if self.cache.put("format", k, pack_arrays({"format": base.format, "constants": base.constants},
+                                                         base.arrays)) is None:
+                return family.specialize(base, spec), False  # not stored: the plan keeps its arrays
+        self.format_key, self.format_arrays = k, base.arrays
+        return family.specialize(base, spec), hit
+
+
+def _load_format(cache, k) -> Plan | None:
+    payload = cache.get("format", k)
+    if payload is None:
+        return None
+    try:
+        meta, arrays = unpack_arrays(payload)
+        return Plan(meta["format"], arrays, meta["constants"])
+    except Exception as exc:
+        log.warning("cache: unreadable format entry %s (%s); encoding again", k, exc)
+        return None
+
+
+def _build(csr, request, bias_vec, backend, arch, stored: Stored, reproduce, timings) -> Kernel:
     t = time.perf_counter()
-    stats = analyze(csr)
+    stats, timings.cached["stats"] = stored.stats(csr)
     selection = select_request(stats, request)
     timings.analyze = time.perf_counter() - t
     t = time.perf_counter()
     family = family_of(selection.spec)
-    plan = family.encode(csr, selection.spec, bias_vec)
+    plan, timings.cached["format"] = stored.encode(family, csr, selection.spec, bias_vec)
     if hasattr(family, "finalize"):  # trip counts only the encoded plan knows become constants
         selection = dataclasses.replace(selection, spec=family.finalize(selection.spec, plan, request))
     timings.encode = time.perf_counter() - t
     if not reproduce:
         reproduce = (f"sparsegen.compile(<matrix {csr.shape[0]}x{csr.shape[1]}, nnz {csr.nnz}>, op={request.op!r}, "
                      f"n={request.n}, dtype={request.dtype!r}, arch={arch!r})")
-    source = render(selection.spec, Provenance(structure, reproduce))
+    source = render(selection.spec, Provenance(stored.structure, reproduce))
     timings.cached["plan"] = False
     return Kernel(spec=selection.spec, selection=selection, plan=plan, source=source, request=request,
-                  backend=backend, arch=arch, structure=structure, stats=stats, timings=timings)
+                  backend=backend, arch=arch, structure=stored.structure, stats=stats, timings=timings)
 
 
 def _load_plan(cache, plan_key, request, backend, arch, structure, timings) -> Kernel | None:
@@ -370,6 +432,12 @@ def _load_plan(cache, plan_key, request, backend, arch, structure, timings) -> K
         meta, arrays = unpack_arrays(payload)
         selection = Selection.from_dict(meta["selection"])
         spec = selection.spec
+        format_key = meta["plan"].get("format_key")
+        if format_key is not None:  # the arrays live in the shared format entry
+            base = _load_format(cache, format_key)
+            if base is None:  # removed since (cache clear by hand): build the plan again
+                return None
+            arrays = {**base.arrays, **arrays}
         plan = Plan(meta["plan"]["format"], arrays, meta["plan"]["constants"])
         from .analyze import MatrixStats
 

@@ -25,7 +25,10 @@ log = logging.getLogger("sparsegen.cache")
 
 MAGIC = b"SGC1"
 _HEAD = struct.Struct("<4sQI")  # magic, payload length, crc32
-KINDS = {"cubin": ".cubin", "plan": ".plan", "tune": ".json"}
+# plan: one request's kernel (selection, source, constants, arrays); format: an encoding shared by the
+# plans of every request that reads it (a family's `encoding(spec)`, e.g. the tiles of an LLM weight
+# for every N); stats: a matrix's analysis; tune: a tuning winner.
+KINDS = {"cubin": ".cubin", "plan": ".plan", "format": ".fmt", "stats": ".stats", "tune": ".json"}
 ENV_DIR = "SPARSEGEN_CACHE_DIR"
 ENV_DISABLE = "SPARSEGEN_DISABLE_CACHE"
 

@@ -66,6 +66,36 @@ def test_corrupt_plan_is_rebuilt_and_rewritten():
     assert sparsegen.compile(a, n=4, backend="emulate").timings.cached["plan"] is True
 
 
+def test_tiled_plans_for_every_n_share_one_encoding(tmp_path, monkeypatch):
+    """The tensor-core tiles do not depend on n: the second n finds the analysis and the encoding
+    in the cache, its plan entry points at the format entry instead of copying the arrays, and a
+    plan whose format entry is gone is built again."""
+    import numpy as np
+
+    from .tiled_helpers import host_x, rounded_half
+
+    monkeypatch.setenv("SPARSEGEN_CACHE_DIR", str(tmp_path))
+    a = rounded_half(random_csr(256, 384, 0.3, seed=4), "float16")
+    opts = {"family": "tiled_csl_spmm"}
+    first = sparsegen.compile(a, n=16, dtype="float16", options=opts, backend="emulate")
+    assert first.timings.cached == {"plan": False, "stats": False, "format": False}
+    second = sparsegen.compile(a, n=8, dtype="float16", options=opts, backend="emulate")
+    assert second.timings.cached == {"plan": False, "stats": True, "format": True}
+    assert second.spec.n == 8 and second.spec.tile_m == first.spec.tile_m
+    formats, plans = Cache().entries("format"), Cache().entries("plan")
+    assert len(formats) == 1 and len(plans) == 2
+    assert all(p.size < formats[0].size / 4 for p in plans)  # meta and source, no words
+    x = host_x(np.random.default_rng(1), 384, 8, "float16")
+    for _ in range(2):
+        k = sparsegen.compile(a, n=8, dtype="float16", options=opts, backend="emulate")
+        np.testing.assert_array_equal(k(x), second(x))
+        np.testing.assert_allclose(k(x).astype(np.float32), (a @ x.astype(np.float32)), rtol=2e-2, atol=2e-2)
+        assert k.timings.cached["plan"] is True
+        formats[0].path.unlink()  # the second pass: the plan's arrays are gone, so it is rebuilt
+        k = sparsegen.compile(a, n=8, dtype="float16", options=opts, backend="emulate")
+        assert k.timings.cached["plan"] is False and Cache().entries("format")
+
+
 def test_disabled_cache_reads_and_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARSEGEN_DISABLE_CACHE", "1")
     c = Cache(tmp_path)

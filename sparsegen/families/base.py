@@ -4,6 +4,11 @@ A family is one kernel design. Its module under `sparsegen/families/` defines a 
 dataclass (every template parameter), `RULES` (named selection rules), `FORMAT` (the module in
 `sparsegen/formats/` that encodes and emulates its data layout), `KERNEL` (the `extern "C"` name),
 `ARGUMENTS` (the kernel's parameter list), `operands()` and `launch()`.
+
+Optionally `encoding(spec)`: the spec fields its encoding reads, when that is less than the whole
+request (the tensor-core tiles do not depend on n). The family then also has `encode_format(csr,
+spec, bias)` (the encoding alone) and `specialize(plan, spec)` (what the request adds), and
+`compile` keeps one encoding in the cache for every request that shares those fields.
 """
 from __future__ import annotations
 

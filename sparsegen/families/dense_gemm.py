@@ -154,8 +154,21 @@ def epilogue_text(request: Request) -> str:
 RULES = (Rule("dense_gemm", FAMILY, _rule),)
 
 
-def encode(csr, spec: Spec, bias=None):
+def encoding(spec: Spec) -> tuple:
+    """The spec fields the encoding reads (the dense W serves every n: the format cache)."""
+    return (spec.dtype,)
+
+
+def encode_format(csr, spec: Spec, bias=None):
     return FORMAT.encode(csr, DTYPE_LONG[spec.dtype], bias)
+
+
+def specialize(plan, spec: Spec):
+    return plan
+
+
+def encode(csr, spec: Spec, bias=None):
+    return encode_format(csr, spec, bias)
 
 
 def steps(spec: Spec, plan) -> tuple:

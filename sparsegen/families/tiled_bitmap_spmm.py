@@ -179,9 +179,20 @@ RULES = (Rule("tiled_bitmap_spmm", FAMILY, _rule),)
 FORMAT_ARGS = (Arg("bitmaps", "plan"), Arg("values", "plan"), Arg("slice_offsets", "plan"))
 
 
+def encoding(spec: Spec) -> tuple:
+    """The spec fields the encoding reads: one encoding serves every n (the format cache)."""
+    return (spec.dtype, spec.tile_m, spec.warps)
+
+
+def encode_format(csr, spec: Spec, bias=None):
+    return FORMAT.encode(csr, T.DTYPE_LONG[spec.dtype], spec.tile_m, bias, warps=spec.warps)
+
+
+specialize = T.with_scratch
+
+
 def encode(csr, spec: Spec, bias=None):
-    plan = FORMAT.encode(csr, T.DTYPE_LONG[spec.dtype], spec.tile_m, bias, warps=spec.warps)
-    return T.with_scratch(plan, spec)
+    return specialize(encode_format(csr, spec, bias), spec)
 
 
 def finalize(spec: Spec, plan, request: Request) -> Spec:
