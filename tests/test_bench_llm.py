@@ -365,7 +365,7 @@ class FakeWeight:
     def run(self, case, cache=None):
         self.ex.seen.append(case.key)
         self.ex.caches.append(cache)
-        Path(cache).mkdir(parents=True)              # what compile() would leave there
+        Path(cache).mkdir(parents=True, exist_ok=True)  # what compile() would leave there (all N)
         (Path(cache) / "plan.bin").write_bytes(b"x")
         if case.id == self.ex.boom:
             raise RuntimeError("kernel exploded\nsecond line")
@@ -505,11 +505,12 @@ def test_run_stops_when_context_lost(tmp_path, small_weights):
 def fake_job(job):
     Path(job.cache_dir).mkdir(parents=True, exist_ok=True)
     (Path(job.cache_dir) / "plan").write_text("x")
-    return {"seconds": 0.5, "errors": {}, "specs": {}}
+    return {c.key: {"seconds": 0.5, "errors": {}, "specs": {}} for c in job.cases}
 
 
 def test_prefetcher_order_budget_release(tmp_path):
-    cases = llm.plan(cfg(quick=True)).cases[:6]
+    cases = llm.plan(cfg(quick=True)).cases[:6]  # 3 weights x N = 16, 64
+    assert [c.weight for c in cases[::2]] == [c.weight for c in cases[1::2]]
     pool = ThreadPoolExecutor(2)
     gate = threading.Event()
 
@@ -520,14 +521,18 @@ def test_prefetcher_order_budget_release(tmp_path):
     # memory for one job at a time: the second waits for the first to finish
     one = llm.job_memory(cases[0]) * 1.5
     pf = llm.Prefetcher(cases, tmp_path, "sm_90", 2, pool=pool, memory=one, disk=1e15, job_fn=job)
-    assert pf.stats["submitted"] == 1 and [c.key for _, c in pf.jobs.values()] == [cases[0].key]
+    assert pf.stats["submitted"] == 1
+    assert [cs for _, cs, _ in pf.jobs.values()] == [(cases[0], cases[1])]  # one job per weight
     gate.set()
     res = pf.take(cases[0])
     assert res["seconds"] == 0.5 and llm.case_dir(tmp_path, cases[0]).is_dir()
     assert pf.stats["submitted"] == 2                # the next one started once the first was done
     pf.release(cases[0])
+    assert llm.case_dir(tmp_path, cases[1]).is_dir()  # the weight's N = 64 still to measure
+    assert pf.take(cases[1]) is not None
+    pf.release(cases[1])
     assert not llm.case_dir(tmp_path, cases[0]).exists()
-    for c in cases[1:]:
+    for c in cases[2:]:
         assert pf.take(c) is not None
         pf.release(c)
     assert pf.summary()["completed"] == 6 and pf.summary()["seconds"] == 3.0
@@ -575,7 +580,7 @@ def test_run_uses_the_prefetcher(tmp_path, small_weights):
 
     def factory(cases, root, arch):
         made["pf"] = llm.Prefetcher(cases, root, arch, 2, pool=ThreadPoolExecutor(2), memory=1e18,
-                                    disk=1e18, job_fn=lambda job: {"seconds": 1.0})
+                                    disk=1e18, job_fn=lambda job: {c.key: {"seconds": 1.0} for c in job.cases})
         return made["pf"]
 
     ex = FakeExecutor()
@@ -587,34 +592,45 @@ def test_run_uses_the_prefetcher(tmp_path, small_weights):
 
 
 def test_worker_compiles_what_the_parent_finds_warm(tmp_path, monkeypatch):
-    """A real spawned worker process: its plan lands where the parent's compile() hits it."""
+    """A real spawned worker process compiles both N of a weight: its plans land where the parent's
+    compile() hits them, and the N share one encoding per family."""
     import sparsegen
+    from sparsegen.cache import Cache
 
     monkeypatch.setenv("SPARSEGEN_CACHE_DIR", str(tmp_path / "user-cache"))
     monkeypatch.setattr(llm.Weight, "load", lambda self: llm.random_weight(256, 512, 0.7, self.seed))
     w = llm.Weight("opt/256x512/0.7", "opt", 256, 512, 0.7)
-    case = llm.Case(w, "float16", 16)
-    pf = llm.Prefetcher([case], tmp_path / "scratch", "sm_90", 1, cubin=False)
+    cases = [llm.Case(w, "float16", 16), llm.Case(w, "float16", 8)]
+    pf = llm.Prefetcher(cases, tmp_path / "scratch", "sm_90", 1, cubin=False)
     try:
-        res = pf.take(case)
+        results = [pf.take(c) for c in cases]
     finally:
         pf_pool_alive = pf.pool is not None
-    assert pf_pool_alive and res is not None and "sparsegen" in res["specs"], res
-    # the worker tried every forced family not selected (errors there are the families' own)
-    selected = res["specs"]["sparsegen"].split(".")[0]
-    assert set(res["specs"]) | set(res["errors"]) == {"sparsegen", *llm.compile_requests(selected)}
-    folder = llm.case_dir(tmp_path / "scratch", case)
-    with llm.cache_dir(folder):
-        A = llm.as_dtype(llm.random_weight(256, 512, 0.7, w.seed), "float16")
-        k = sparsegen.compile(A, n=16, dtype="float16", arch="sm_90", backend="emulate")
-        assert k.timings.cached.get("plan") is True and k.spec.name == res["specs"]["sparsegen"]
-        for fam in llm.compile_requests(k.spec.family):
-            if fam in res["specs"]:
-                kf = sparsegen.compile(A, n=16, dtype="float16", arch="sm_90", backend="emulate",
-                                       options={"family": fam})
-                assert kf.timings.cached.get("plan") is True and kf.spec.name == res["specs"][fam]
+    assert pf_pool_alive and all(r is not None and "sparsegen" in r["specs"] for r in results), results
+    folder = llm.case_dir(tmp_path / "scratch", cases[0])
+    assert folder == llm.case_dir(tmp_path / "scratch", cases[1])
+    A = llm.as_dtype(llm.random_weight(256, 512, 0.7, w.seed), "float16")
+    for case, res in zip(cases, results):
+        # the worker tried every forced family not selected (errors there are the families' own)
+        selected = res["specs"]["sparsegen"].split(".")[0]
+        assert set(res["specs"]) | set(res["errors"]) == {"sparsegen", *llm.compile_requests(selected)}
+        with llm.cache_dir(folder):
+            k = sparsegen.compile(A, n=case.n, dtype="float16", arch="sm_90", backend="emulate")
+            assert k.timings.cached.get("plan") is True and k.spec.name == res["specs"]["sparsegen"]
+            for fam in llm.compile_requests(k.spec.family):
+                if fam in res["specs"]:
+                    kf = sparsegen.compile(A, n=case.n, dtype="float16", arch="sm_90", backend="emulate",
+                                           options={"family": fam})
+                    assert kf.timings.cached.get("plan") is True and kf.spec.name == res["specs"][fam]
+    from sparsegen.families import FAMILIES
+
+    encoded = {name.split(".")[0] for r in results for name in r["specs"].values()}
+    encoded = {f for f in encoded if hasattr(FAMILIES[f], "encoding")}  # the tiles, the dense W
+    assert encoded and len(Cache(folder).entries("format")) == len(encoded)  # one per family, both N
     assert not (tmp_path / "user-cache").exists()       # nothing went into the user's cache
-    pf.release(case)
+    pf.release(cases[0])
+    assert folder.exists()
+    pf.release(cases[1])
     pf.close()
     assert not folder.exists()
 
@@ -635,7 +651,7 @@ def test_clear_stale_keeps_pending_folders(tmp_path):
     cases = llm.plan(cfg(quick=True)).cases[:2]
     keep = llm.case_dir(tmp_path, cases[0])
     keep.mkdir(parents=True)
-    stale = tmp_path / "deadbeef-n8"
+    stale = tmp_path / "deadbeef"
     stale.mkdir()
     llm._clear_stale(tmp_path, cases)
     assert keep.exists() and not stale.exists()

@@ -23,11 +23,13 @@ bandwidth, measured once per run.
 `--resume` keeps every case of the earlier document and runs this run's missing ones, so slices
 (--shapes, --sparsity, --n) accumulate into one document, kept in the suite's canonical order.
 
-Encoding a large W is CPU work that dwarfs its GPU time (minutes for the largest W, per N: the
-plan cache keys on n), so `--workers J` processes compile the coming cases ahead of the
-measurement (backend "emulate", the GPU's arch) into a scratch cache folder per case, where the
-measuring process's own `sparsegen.compile` then finds plan and cubin warm; a folder is removed
-as soon as its case is recorded, so the multi-GB plans never pile up on disk.
+Encoding a large W is CPU work that dwarfs its GPU time (tens of seconds for the largest W), so
+`--workers J` processes compile the coming weights ahead of the measurement (backend "emulate",
+the GPU's arch), one job per weight and all its N, into a scratch cache folder per weight, where
+the measuring process's own `sparsegen.compile` then finds plans, encodings and cubins warm. The
+tiles do not depend on N, so the weight's encodings are made once (the format cache) and every
+N's plan points at them. A folder is removed as soon as the weight's last case is recorded, so the
+multi-GB encodings never pile up on disk.
 Torch and sparsegen's GPU runtime are imported only inside `GpuExecutor`.
 """
 from __future__ import annotations
@@ -571,8 +573,9 @@ def progress_line(index: int, total: int, rec: dict) -> str:
 
 @dataclass(frozen=True)
 class Job:
-    """What a worker compiles: one case's kernels, into `cache_dir`."""
-    case: Case
+    """What a worker compiles: every case of one weight (one dtype), into `cache_dir`, in N order,
+    so the N after the first find the weight's analysis and encodings in the format cache."""
+    cases: tuple
     arch: str | None
     cache_dir: str
     cubin: bool = True
@@ -603,50 +606,60 @@ def compile_requests(kernel_family: str | None) -> tuple:
 
 
 def precompile(job: Job) -> dict:
-    """Worker side: regenerate W (seeded: bit-identical), compile the default selection and each
-    forced family not selected, with backend "emulate" and the GPU's arch, so that the plan and
-    cubin land in job.cache_dir under the keys the measuring process's compile() will ask for."""
+    """Worker side: regenerate W (seeded: bit-identical) and, for each case, compile the default
+    selection and each forced family not selected, with backend "emulate" and the GPU's arch, so
+    that plans, encodings and cubins land in job.cache_dir under the keys the measuring process's
+    compile() will ask for. Returns {case key: {"seconds", "errors", "specs"}}."""
     import sparsegen
 
-    t0 = time.perf_counter()
-    out = {"errors": {}, "specs": {}}
+    results = {}
     with cache_dir(job.cache_dir):
-        A = as_dtype(job.case.weight.load(), job.case.dtype)
+        t0 = time.perf_counter()
+        A = as_dtype(job.cases[0].weight.load(), job.cases[0].dtype)
+        load_s = time.perf_counter() - t0
+        for case in job.cases:
+            t0 = time.perf_counter()
+            out = {"errors": {}, "specs": {}}
 
-        def one(name, options):
-            try:
-                k = sparsegen.compile(A, op="spmm", n=job.case.n, dtype=job.case.dtype, arch=job.arch,
-                                      backend="emulate", options=options)
-                if job.cubin:
-                    k.cubin  # noqa: B018 - compiles and caches it
-                out["specs"][name] = k.spec.name
-                return k.spec.family
-            except Exception as exc:  # the measuring process meets it again and records it
-                out["errors"][name] = _message(exc)
-                return None
+            def one(name, options):
+                try:
+                    k = sparsegen.compile(A, op="spmm", n=case.n, dtype=case.dtype, arch=job.arch,
+                                          backend="emulate", options=options)
+                    if job.cubin:
+                        k.cubin  # noqa: B018 - compiles and caches it
+                    out["specs"][name] = k.spec.name
+                    return k.spec.family
+                except Exception as exc:  # the measuring process meets it again and records it
+                    out["errors"][name] = _message(exc)
+                    return None
 
-        family = one("sparsegen", None)
-        for fam in compile_requests(family):
-            one(fam, {"family": fam})
-    out["seconds"] = round(time.perf_counter() - t0, 2)
-    return out
+            family = one("sparsegen", None)
+            for fam in compile_requests(family):
+                one(fam, {"family": fam})
+            out["seconds"] = round(time.perf_counter() - t0 + load_s, 2)
+            load_s = 0.0  # the weight is made once, charged to its first case
+            results[case.key] = out
+    return results
 
 
 def job_memory(case: Case) -> float:
-    """Peak host bytes of one job: encoding Tiled-CSL peaks near 190 B per nonzero (measured)."""
+    """Peak host bytes of one weight's job: the float32 CSR and its fp16-rounded copy, the analysis
+    and the band-at-a-time encoders (measured ~30 B per nonzero at 50-134 M nonzeros)."""
     nnz = case.weight.rows * case.weight.cols * (1.0 - case.weight.sparsity)
-    return 200.0 * nnz + 5e8
+    return 40.0 * nnz + 1e9
 
 
 def job_disk(case: Case) -> float:
-    """Plan-cache bytes one job leaves: two plans (<= 4 B per nonzero each, dense 2 B per element)."""
+    """Cache bytes one weight's job leaves: the Tiled-CSL (<= 4 B per nonzero) and bitmap (2 B per
+    nonzero + 1/8 per element) encodings, the dense W (2 B per element), one for all N."""
     w = case.weight
     nnz = w.rows * w.cols * (1.0 - w.sparsity)
-    return 8.0 * nnz + 2.0 * w.rows * w.cols
+    return 6.0 * nnz + 2.2 * w.rows * w.cols
 
 
 def case_dir(root, case: Case) -> Path:
-    return Path(root) / f"{zlib.crc32(repr(case.key).encode()):08x}-n{case.n}"
+    """The cache folder of a case's weight (every N of it shares the folder, hence the encodings)."""
+    return Path(root) / f"{zlib.crc32(repr((case.weight.id, case.dtype)).encode()):08x}"
 
 
 def _available_memory() -> float:
@@ -660,15 +673,19 @@ def _available_memory() -> float:
 
 
 class Prefetcher:
-    """Compiles the coming cases in worker processes, in run order, within memory and disk budgets
-    (a job is always admitted when nothing else runs); `take` waits for a case's job, `release`
-    removes its folder. A dead pool (a worker killed, e.g. out of memory) turns prefetching off:
-    the measuring process then compiles cold, and the run says so."""
+    """Compiles the coming weights in worker processes (one job per weight: all its cases), in run
+    order, within memory and disk budgets (a job is always admitted when nothing else runs);
+    `take` waits for a case's job, `release` removes the weight's folder once all its cases are
+    released. A dead pool (a worker killed, e.g. out of memory) turns prefetching off: the
+    measuring process then compiles cold, and the run says so."""
 
     def __init__(self, cases, root, arch, workers: int, *, pool=None, memory=None, disk=None,
                  job_fn=precompile, cubin=True):
-        self.queue = list(cases)
         self.root = Path(root)
+        groups: dict = {}
+        for case in cases:  # run order: a weight's cases are consecutive
+            groups.setdefault(case_dir(self.root, case), []).append(case)
+        self.queue = [tuple(g) for g in groups.values()]
         self.arch = arch
         self.workers = max(1, int(workers))
         self.memory = 0.6 * _available_memory() if memory is None else memory
@@ -676,7 +693,7 @@ class Prefetcher:
         self.disk = 0.5 * shutil.disk_usage(self.root).free if disk is None else disk
         self.job_fn = job_fn
         self.cubin = cubin
-        self.jobs: dict = {}            # key -> (future, case)
+        self.jobs: dict = {}            # folder -> (future, cases, keys not yet released)
         self.note = None
         self.stats = {"submitted": 0, "completed": 0, "failed": 0, "seconds": 0.0}
         if pool is None:
@@ -692,18 +709,19 @@ class Prefetcher:
         if self.note is not None:
             return
         while self.queue:
-            running = [c for f, c in self.jobs.values() if not f.done()]
+            running = [cs[0] for f, cs, _ in self.jobs.values() if not f.done()]
             if len(running) >= self.workers or len(self.jobs) >= 2 * self.workers:
                 return
-            case = self.queue[0]
-            if running and sum(map(job_memory, running)) + job_memory(case) > self.memory:
+            cases = self.queue[0]
+            if running and sum(map(job_memory, running)) + job_memory(cases[0]) > self.memory:
                 return
-            if self.jobs and sum(job_disk(c) for _, c in self.jobs.values()) + job_disk(case) > self.disk:
+            if self.jobs and sum(job_disk(cs[0]) for _, cs, _ in self.jobs.values()) + job_disk(cases[0]) > self.disk:
                 return
             self.queue.pop(0)
-            job = Job(case, self.arch, str(case_dir(self.root, case)), self.cubin)
+            folder = case_dir(self.root, cases[0])
+            job = Job(cases, self.arch, str(folder), self.cubin)
             try:
-                self.jobs[case.key] = (self.pool.submit(self.job_fn, job), case)
+                self.jobs[folder] = (self.pool.submit(self.job_fn, job), cases, {c.key for c in cases})
             except Exception as exc:  # a broken pool refuses new work
                 self._broken(exc)
                 return
@@ -713,15 +731,16 @@ class Prefetcher:
         self.note = f"compiling ahead stopped ({_message(exc)}); the rest compiled in-process"
 
     def take(self, case: Case):
-        """Wait for the case's job; its result dict, or None (never submitted, or failed)."""
+        """Wait for the case's job; the case's result dict, or None (never submitted, or failed)."""
         self._fill()
-        entry = self.jobs.get(case.key)
+        entry = self.jobs.get(case_dir(self.root, case))
         if entry is None or self.note is not None:  # after a broken pool every job is lost
             return None
         try:
-            res = entry[0].result()
-            self.stats["completed"] += 1
-            self.stats["seconds"] += res.get("seconds", 0.0)
+            res = entry[0].result().get(case.key)
+            if res is not None:
+                self.stats["completed"] += 1
+                self.stats["seconds"] += res.get("seconds", 0.0)
             return res
         except Exception as exc:
             self.stats["failed"] += 1
@@ -734,15 +753,20 @@ class Prefetcher:
             self._fill()  # the next jobs compile while this case is measured
 
     def release(self, case: Case):
-        entry = self.jobs.pop(case.key, None)
+        folder = case_dir(self.root, case)
+        entry = self.jobs.get(folder)
         if entry is not None:
+            entry[2].discard(case.key)
+            if entry[2]:  # the weight's other cases still to measure
+                return
+            self.jobs.pop(folder)
             entry[0].cancel()
-        shutil.rmtree(case_dir(self.root, case), ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
         self._fill()
 
     def close(self):
         self.queue = []
-        for fut, _ in self.jobs.values():
+        for fut, _, _ in self.jobs.values():
             fut.cancel()
         pool, self.pool = self.pool, None
         if pool is not None:
@@ -754,8 +778,9 @@ class Prefetcher:
                     with contextlib.suppress(Exception):
                         p.terminate()
             pool.shutdown(wait=False, cancel_futures=True)
-        for key in list(self.jobs):
-            shutil.rmtree(case_dir(self.root, self.jobs.pop(key)[1]), ignore_errors=True)
+        for folder in list(self.jobs):
+            self.jobs.pop(folder)
+            shutil.rmtree(folder, ignore_errors=True)
 
     def summary(self) -> dict:
         return {"workers": self.workers, **self.stats, "seconds": round(self.stats["seconds"], 1),
@@ -894,8 +919,6 @@ def run(cfg, *, env: dict, executor=None, emit=print, checkpoint=None, clock=tim
                     finally:
                         if prefetch is not None:
                             prefetch.release(case)
-                        else:
-                            shutil.rmtree(folder, ignore_errors=True)
                     doc["cases"].append(finalize(rec, copy_bps))
                     emit(progress_line(index, total, rec))
                     if rec["status"] == "failed":
@@ -909,6 +932,9 @@ def run(cfg, *, env: dict, executor=None, emit=print, checkpoint=None, clock=tim
             finally:
                 ctx.close()
                 del A
+                if prefetch is None:  # the weight's folder (all its N) served its last case
+                    for case in cases:
+                        shutil.rmtree(case_dir(root, case), ignore_errors=True)
     except KeyboardInterrupt:
         doc["interrupted"] = True
     finally:
