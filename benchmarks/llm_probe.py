@@ -2,7 +2,7 @@
 
     python benchmarks/llm_probe.py   (on the GPU machine)
 """
-import sys, time, numpy as np, scipy.sparse as sp, torch, sparsegen
+import time, numpy as np, scipy.sparse as sp, torch, sparsegen
 from sparsegen.bench.timing import time_cuda
 rng = np.random.default_rng(0)
 for (M, K) in [(7168, 7168), (28672, 7168)]:

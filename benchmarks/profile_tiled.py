@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import sys
 
-import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from tiled_probe import random_weight  # noqa: E402

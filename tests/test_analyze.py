@@ -14,7 +14,7 @@ import scipy.sparse as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparsegen.analyze import (Footprint, LengthStats, MatrixStats, TileStats, analyze,
+from sparsegen.analyze import (LengthStats, MatrixStats, TileStats, analyze,
                                footprints, row_lengths, structure_hash, values_hash)
 from sparsegen.errors import FormatError
 

@@ -199,7 +199,7 @@ def summary_lines(doc: dict) -> list[str]:
 
 
 def markdown(doc: dict) -> str:
-    lines = [f"# sparsegen benchmark: `graphchallenge`", "", f"Command: `{doc.get('command')}`", "",
+    lines = ["# sparsegen benchmark: `graphchallenge`", "", f"Command: `{doc.get('command')}`", "",
              "| GPU | driver | CUDA | revision | date |", "|---|---|---|---|---|",
              f"| {doc.get('gpu')} | {doc.get('driver')} | {doc.get('cuda')} | `{(doc.get('revision') or 'none')[:12]}` "
              f"| {doc.get('date')} |", "",
