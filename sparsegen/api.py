@@ -382,9 +382,10 @@ class Stored:
             return family.encode(csr, spec, bias_vec), False
         k = key("format", __version__, generator_fingerprint(), self.structure, self.values, self.bias,
                 spec.family, repr(family.encoding(spec)))
-        base, hit = _load_format(self.cache, k), True
-        if base is None:
-            base, hit = family.encode_format(csr, spec, bias_vec), False
+        base = _load_format(self.cache, k)
+        hit = base is not None
+        if not hit:
+            base = family.encode_format(csr, spec, bias_vec)
             if self.cache.put("format", k, pack_arrays({"format": base.format, "constants": base.constants},
                                                          base.arrays)) is None:
                 return family.specialize(base, spec), False  # not stored: the plan keeps its arrays
