@@ -606,40 +606,44 @@ def compile_requests(kernel_family: str | None) -> tuple:
 
 
 def precompile(job: Job) -> dict:
-    """Worker side: regenerate W (seeded: bit-identical) and, for each case, compile the default
-    selection and each forced family not selected, with backend "emulate" and the GPU's arch, so
-    that plans, encodings and cubins land in job.cache_dir under the keys the measuring process's
-    compile() will ask for. Returns {case key: {"seconds", "errors", "specs"}}."""
-    import sparsegen
-
+    """Worker side: regenerate W (seeded: bit-identical) and compile each case's kernels
+    (`compile_case`), so that plans, encodings and cubins land in job.cache_dir under the keys the
+    measuring process's compile() will ask for. Returns {case key: {"seconds", "errors", "specs"}};
+    making W is charged to the first case."""
     results = {}
     with cache_dir(job.cache_dir):
         t0 = time.perf_counter()
         A = as_dtype(job.cases[0].weight.load(), job.cases[0].dtype)
-        load_s = time.perf_counter() - t0
         for case in job.cases:
+            results[case.key] = compile_case(A, case, job)
+            results[case.key]["seconds"] = round(time.perf_counter() - t0, 2)
             t0 = time.perf_counter()
-            out = {"errors": {}, "specs": {}}
-
-            def one(name, options):
-                try:
-                    k = sparsegen.compile(A, op="spmm", n=case.n, dtype=case.dtype, arch=job.arch,
-                                          backend="emulate", options=options)
-                    if job.cubin:
-                        k.cubin  # noqa: B018 - compiles and caches it
-                    out["specs"][name] = k.spec.name
-                    return k.spec.family
-                except Exception as exc:  # the measuring process meets it again and records it
-                    out["errors"][name] = _message(exc)
-                    return None
-
-            family = one("sparsegen", None)
-            for fam in compile_requests(family):
-                one(fam, {"family": fam})
-            out["seconds"] = round(time.perf_counter() - t0 + load_s, 2)
-            load_s = 0.0  # the weight is made once, charged to its first case
-            results[case.key] = out
     return results
+
+
+def compile_case(A, case: Case, job: Job) -> dict:
+    """The default selection and each forced family not selected, with backend "emulate" and the
+    GPU's arch: {"errors", "specs"} by name ("sparsegen" or the family)."""
+    import sparsegen
+
+    out = {"errors": {}, "specs": {}}
+
+    def one(name, options):
+        try:
+            k = sparsegen.compile(A, op="spmm", n=case.n, dtype=case.dtype, arch=job.arch,
+                                  backend="emulate", options=options)
+            if job.cubin:
+                k.cubin  # noqa: B018 - compiles and caches it
+            out["specs"][name] = k.spec.name
+            return k.spec.family
+        except Exception as exc:  # the measuring process meets it again and records it
+            out["errors"][name] = _message(exc)
+            return None
+
+    family = one("sparsegen", None)
+    for fam in compile_requests(family):
+        one(fam, {"family": fam})
+    return out
 
 
 def job_memory(case: Case) -> float:

@@ -99,13 +99,9 @@ def encode(csr: sp.csr_matrix, dtype: str, tile_m: int = 128, bias: np.ndarray |
     values = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.uint16)
     per_slice = (np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.int64)).reshape(grid.tiles, warps)
 
-    # Slice (tile, warp) starts, each tile rounded up to 16 bytes (as the bands laid them out).
-    per_tile = per_slice.sum(axis=1)
-    padded = -(-per_tile // ALIGN_HALVES) * ALIGN_HALVES
-    tile_start = np.zeros(grid.tiles + 1, dtype=np.int64)
-    np.cumsum(padded, out=tile_start[1:])
-    slice_start = tile_start[:-1, None] + np.cumsum(per_slice, axis=1) - per_slice
-    offsets = np.concatenate([slice_start.ravel(), np.full(warps, tile_start[-1])])
+    # The whole matrix's slice starts: the bands' layouts laid end to end.
+    slice_start, total, padded = slice_layout(per_slice)
+    offsets = np.concatenate([slice_start, np.full(warps, total)])
     if offsets[-1] >= 2**31:
         raise OverflowError("tiled bitmap values exceed 2**31 halves")
 
@@ -114,7 +110,7 @@ def encode(csr: sp.csr_matrix, dtype: str, tile_m: int = 128, bias: np.ndarray |
         arrays["bias"] = np.ascontiguousarray(bias, dtype=np.float32)
     constants = {"m": grid.m, "k": grid.k, "nnz": int(csr.nnz), "tile_m": tile_m, "tile_k": TILE_K,
                  "m_tiles": grid.m_tiles, "k_tiles": grid.k_tiles, "warps": warps, "dtype": dtype,
-                 "max_tile_values": int(padded.max(initial=0)), "empty_tiles": int((per_tile == 0).sum())}
+                 "max_tile_values": int(padded.max(initial=0)), "empty_tiles": int((padded == 0).sum())}
     return Plan(NAME, arrays, constants)
 
 
@@ -140,14 +136,20 @@ def _encode_band(csr, grid: TileGrid, band: Band, dtype: str, warps: int):
     order = order[stable_order(gfrag[order], tiles * warps * fpw)]
     slice_id = gfrag[order] // fpw  # tile * warps + warp, ascending
     per_slice = np.bincount(slice_id, minlength=tiles * warps)
-    per_tile = per_slice.reshape(tiles, warps).sum(axis=1)
-    tile_start = np.zeros(tiles + 1, dtype=np.int64)
-    np.cumsum(-(-per_tile // ALIGN_HALVES) * ALIGN_HALVES, out=tile_start[1:])
-    slice_start = (tile_start[:-1, None] + np.cumsum(per_slice.reshape(tiles, warps), axis=1)
-                   - per_slice.reshape(tiles, warps)).ravel()
-    values = np.zeros(int(tile_start[-1]), dtype=np.uint16)
+    slice_start, total, _ = slice_layout(per_slice.reshape(tiles, warps))
+    values = np.zeros(total, dtype=np.uint16)
     values[slice_start[slice_id] + rank_in_group(slice_id)] = to_bits(csr.data[band.lo:band.hi][order], dtype)
-    return bitmaps, values, per_slice.astype(np.int64)
+    return bitmaps, values, per_slice
+
+
+def slice_layout(per_slice: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
+    """Where the values of tiles x warps slices go, `per_slice` nonzeros each: every slice's first
+    value (flat, tile-major), the total, and each tile's padded length (tiles start on 16 bytes)."""
+    padded = -(-per_slice.sum(axis=1) // ALIGN_HALVES) * ALIGN_HALVES
+    tile_start = np.zeros(padded.size + 1, dtype=np.int64)
+    np.cumsum(padded, out=tile_start[1:])
+    slice_start = tile_start[:-1, None] + np.cumsum(per_slice, axis=1) - per_slice
+    return slice_start.ravel(), int(tile_start[-1]), padded
 
 
 def decode(plan: Plan) -> sp.coo_matrix:

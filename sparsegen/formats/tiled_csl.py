@@ -45,9 +45,10 @@ SINK_HALVES = 64  # 128 bytes past the tile: one word per bank, where padding wo
 
 
 def swizzled_position(row, col):
-    """Half-word offset of tile element (row, col) in the kernel's swizzled shared-memory tile."""
-    row = np.asarray(row, dtype=np.int64)
-    col = np.asarray(col, dtype=np.int64)
+    """Half-word offset of tile element (row, col) in the kernel's swizzled shared-memory tile
+    (in the inputs' integer type: the encoder passes int32)."""
+    row = np.asarray(row)
+    col = np.asarray(col)
     return row * TILE_K + (((col >> 3) ^ (row & 7)) << 3) + (col & 7)
 
 
@@ -91,9 +92,8 @@ def _encode_band(csr, grid: TileGrid, band: Band, dtype: str, strict_banks: bool
     number of words of each of its tiles."""
     tiles = band.row_tiles * grid.k_tiles
     tile, row, col = band_nonzeros(csr, grid, band)
-    swz = (((col >> 3) ^ (row & 7)) << 3) | (col & 7)  # column in the swizzled row
-    pos = row * TILE_K + swz
-    bank = swz >> 1  # a row is 32 banks: a half-word's bank is its swizzled column / 2
+    pos = swizzled_position(row, col)
+    bank = (pos >> 1) & (BANKS - 1)  # 32-bit word of shared memory, mod the 32 banks
     counts = np.bincount(tile, minlength=tiles)
 
     # Padding words: to whole vectors, or (strict) every bank up to the fullest bank of its tile.
@@ -131,7 +131,7 @@ def _encode_band(csr, grid: TileGrid, band: Band, dtype: str, strict_banks: bool
     slot = _deal_rounds(np.arange(tile_sorted.size, dtype=np.int64) - starts[tile_sorted], lengths[tile_sorted])
     out = np.zeros(int(starts[-1]), dtype=np.uint32)
     out[starts[tile_sorted] + slot] = words[order]
-    return out, lengths.astype(np.int64)
+    return out, lengths
 
 
 def _deal_rounds(rank: np.ndarray, length: np.ndarray) -> np.ndarray:

@@ -100,7 +100,7 @@ def stable_order(keys: np.ndarray, bound: int) -> np.ndarray:
     passes = max(1, -(-max(int(bound) - 1, 0).bit_length() // 16))
     order = None
     for p in range(passes):
-        digit = ((keys >> (16 * p)) & 0xFFFF).astype(np.uint16) if passes > 1 else keys.astype(np.uint16)
+        digit = ((keys >> (16 * p)) & 0xFFFF).astype(np.uint16)
         if order is None:
             order = np.argsort(digit, kind="stable")
         else:
