@@ -26,9 +26,10 @@ def test_inspect_graph_challenge_layer(capsys, examples_dir):
     assert "rows        min 32  max 32  mean 32.00  std 0.00  CoV 0.000  empty 0" in out
     assert "footprint   distinct columns per block of rows: 32 rows: mean 528.0 max 528" in out
     assert "ell pad     1.000" in out
-    assert "selection   csr_rowsplit.f32.n128.v4.c8k4.b128" in out
-    assert "narrowed to 4 column tiles" in out
+    assert "selection   sputnik_spmm.f32.n128.v4.w32.ks4.r1.c32x1.b16.i32s" in out
+    assert "4 groups per row (1024 rows alone give 1024 warps" in out
     assert "reason      rows avg 32.0 nnz" in out
+    assert "accepts csr_rowsplit: rows avg 32.0 nnz" in out and "narrowed to 4 column tiles" in out
 
 
 def test_inspect_json_has_the_documented_keys(capsys, examples_dir):

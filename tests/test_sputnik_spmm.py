@@ -46,16 +46,18 @@ def test_many_long_rows_take_the_measured_chunk_and_batch():
     assert spec_for(a, 1024, dtype="float16").batch == 16  # measured in fp32 only
     assert "4096 x 2048, rows unsplit: measured faster" in select(analyze(a), op="spmm", n=128).reason
     narrow = random_csr(4096, 1024, 0.4, seed=3)  # ~410 per row but 1024 columns: not measured, the defaults
-    assert (spec_for(narrow, 128).chunk, spec_for(narrow, 128).ksplit) == (32, 2)
+    assert (spec_for(narrow, 128).chunk, spec_for(narrow, 128).ksplit) == (32, 1)  # 4096 warps unsplit
 
 
-def test_few_long_rows_split_rows_many_short_rows_do_not():
-    few = spec_for(random_csr(512, 2048, 0.2, seed=2), 128)
-    assert few.ksplit == 4 and few.rows * few.ksplit * few.width >= 128
-    many = spec_for(random_csr(20000, 2048, 0.02, seed=3), 128)
-    assert many.ksplit == 1
-    short = spec_for(random_csr(100, 2048, 0.01, seed=4), 128)  # ~20 per row: no second chunk to share
-    assert short.ksplit == 1
+def test_rows_split_until_the_grid_reaches_32_warps_per_sm():
+    target = fam.SPLIT_WARPS_PER_SM * 132
+    few = spec_for(random_csr(512, 2048, 0.2, seed=2), 128)  # 512 warps unsplit
+    assert few.ksplit == 8 and few.rows * few.ksplit * few.width >= 128
+    assert fam.warps(512, 128, 128, 32, 8) <= target < fam.warps(512, 128, 128, 32, 16)
+    assert spec_for(random_csr(20000, 2048, 0.02, seed=3), 128).ksplit == 1  # the rows alone fill it
+    assert spec_for(random_csr(100, 2048, 0.01, seed=4), 128).ksplit == fam.MAX_KSPLIT  # capped
+    assert spec_for(random_csr(512, 2048, 0.2, seed=2), 32).ksplit == 16  # 8-thread groups: 128 warps unsplit
+    assert spec_for(random_csr(512, 2048, 0.2, seed=2), 1024).ksplit == 1  # 8 column tiles: 4096 warps
 
 
 def test_indices_16_bit_only_for_fp16_within_32767_columns():
@@ -72,28 +74,21 @@ def test_swizzle_follows_row_length_cov():
     assert spec_for(skewed, 32).swizzle
 
 
-def test_default_selection_keeps_narrow_or_short_rows_on_csr_rowsplit():
-    def chosen(a, n):
-        return select(analyze(a), op="spmm", n=n).spec.family
+def test_default_selection_keeps_narrow_n_with_short_rows_on_csr_rowsplit():
+    def chosen(a, n, dtype="float32"):
+        return select(analyze(a), op="spmm", n=n, dtype=dtype).spec.family
 
     long_rows = random_csr(512, 1024, 0.2, seed=12)  # ~205 per row (past 2048 columns panel_spmm takes it)
     assert chosen(long_rows, 128) == "sputnik_spmm"
-    assert chosen(long_rows, 32) == "csr_rowsplit"
-    assert chosen(random_csr(512, 2048, 0.03, seed=12), 256) == "csr_rowsplit"  # ~61 per row, 1024 warps
-
-
-def test_short_rows_go_to_sputnik_when_the_rows_alone_fill_the_gpu_in_float32():
-    from sparsegen.families import sputnik_spmm as fam
-
-    many = analyze(random_csr(2048, 512, 0.1, seed=13))  # ~51 per row; 2048 rows x 2 tiles at n = 256
-    sel = select(many, op="spmm", n=256)
-    assert sel.spec.family == "sputnik_spmm", sel.reason
-    assert fam.unsplit_warps(many, fam.Request("spmm", n=256)) == 4096
-    assert select(many, op="spmm", n=128).spec.family == "csr_rowsplit"  # 2048 warps: too few
-    why = dict((r, w) for r, _, w in select(many, op="spmm", n=128).tried)["sputnik_spmm"]
-    assert "2048 warps unsplit" in why and f">= {fam.MIN_GRID_WARPS} warps" in why
-    assert select(analyze(random_csr(512, 2048, 0.03, seed=12)), op="spmm", n=1024).spec.family == "sputnik_spmm"
-    assert select(many, op="spmm", n=256, dtype="float16").spec.family != "sputnik_spmm"  # measured in fp32 only
+    assert chosen(long_rows, 32) == "sputnik_spmm"  # rows >= 128: any n in float32
+    short_rows = random_csr(2048, 512, 0.1, seed=13)  # ~51 per row
+    assert chosen(short_rows, 32) == "csr_rowsplit"
+    assert chosen(short_rows, 128) == "sputnik_spmm"  # n >= 128: any rows in float32
+    why = dict((r, w) for r, _, w in select(analyze(short_rows), op="spmm", n=32).tried)["sputnik_spmm"]
+    assert "outside n >= 128, or rows >= 128 split over row groups" in why
+    square = random_csr(4096, 2048, 0.2, seed=3)  # ~410 per row, but 4096 rows: unsplit
+    assert chosen(square, 32) == "csr_rowsplit" and chosen(square, 128) == "sputnik_spmm"
+    assert chosen(short_rows, 256, "float16") != "sputnik_spmm"  # float16 keeps n >= 128 with rows >= 128
 
 
 def test_name_reason_and_options():
@@ -102,8 +97,8 @@ def test_name_reason_and_options():
     assert sel.spec.family == "panel_spmm"  # 2048 columns at 20 %: measured faster there
     assert [c[1].family for c in sel.candidates] == ["sputnik_spmm", "csr_rowsplit"]
     sel = select(analyze(a), op="spmm", n=128, options=(("family", "sputnik_spmm"),))
-    assert sel.spec.name == ("sputnik_spmm.f32.n128.v4.w32.ks4.r1.c32x1.b16.i32s")
-    assert "4 groups per row (512 rows alone give 512 warps" in sel.reason
+    assert sel.spec.name == ("sputnik_spmm.f32.n128.v4.w32.ks8.r1.c32x1.b16.i32s")
+    assert "8 groups per row (512 rows alone give 512 warps; split while the grid stays within 4224" in sel.reason
     forced = select(analyze(a), op="spmm", n=128, options=(("family", "csr_rowsplit"),))
     assert forced.spec.family == "csr_rowsplit"
     assert ("sputnik_spmm", False, "family 'csr_rowsplit' was requested") in forced.tried
@@ -152,7 +147,7 @@ def test_emulator_matches_scipy(m, k, density, n, dtype, relu, seed):
 def test_source_names_its_constants():
     spec = spec_for(random_csr(512, 2048, 0.2, seed=10), 128)
     src = render(spec)
-    for line in ("constexpr int N = 128;", "constexpr int KSPLIT = 4;", "constexpr int CHUNK = 32;",
+    for line in ("constexpr int N = 128;", "constexpr int KSPLIT = 8;", "constexpr int CHUNK = 32;",
                  "constexpr bool COL_RESIDUE = false;", "typedef int index_t;"):
         assert line in src
     assert "order" not in src.split("sputnik_spmm(")[1].split(")")[0]

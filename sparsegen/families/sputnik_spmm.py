@@ -24,21 +24,26 @@ WARP = 32
 CHUNK = 32  # nonzeros staged per step: Sputnik's kBlockItemsK
 TILE_BYTES = 512  # a row group's output tile, at most: 128 floats (Sputnik's 64 measured 1.37x slower here)
 BLOCK_THREADS = 128  # threads per block, unless one row's groups need more
-MAX_KSPLIT = 8
+MAX_KSPLIT = 16
 BATCH_BYTES = 256  # bytes of X a thread has in flight: 16 float4 loads, 64 registers
-WARPS_PER_SM = 32  # warps wanted in flight per SM (of 64): below it, rows are split
+# Row split: rows are shared among the largest power of two of row groups (<= MAX_KSPLIT) that keeps
+# the grid within SPLIT_WARPS_PER_SM warps per SM. Measured on every DLMC matrix in fp32 at n = 32,
+# 128, 256, 1024 with ksplit 1-16 forced (probes/spmm_sweep_sputnik_ksplit_dlmc_{even,odd}.json): this
+# rule is 5.6 % from the best split per case in either half (a 2x-per-SM target: 8-10 %, 1x of
+# 2048: 11-16 %); the earlier rule, which split only while each share kept two chunks of the mean
+# row, left the 512-row layers' longest rows (2-5x the mean) on one row group and ran 1.4-2x slower.
+SPLIT_WARPS_PER_SM = 32
 SWIZZLE_COV = 0.1  # row-length CoV above which rows run longest first
-# Where this kernel beats csr_rowsplit on the H100 (benchmarks/results/h100-80gb-hbm3/spmm_sweep_f32.json):
-# wide outputs with long rows. Narrow n or short rows give too few warps per staged chunk.
+# Where this kernel beats csr_rowsplit on the H100, with the row split above (same sweep, both
+# kernels in the same process): float32 with n >= 128, or rows of >= 128 nonzeros at any n when
+# the rows are split (1.76x cuSPARSE over the 142 DLMC cases that reach these two families,
+# against 1.56x all on csr_rowsplit and 1.78x with the faster of the two per case in hindsight).
+# At n = 32 with shorter rows csr_rowsplit's narrow lanes win (up to 1.6x), and with unsplit rows
+# too: on the 2048-8192 random squares at n = 32 sputnik_spmm ran 1.0-2.2x slower
+# (probes/spmm_sweep_squares_n32.txt). float16 keeps the gate measured before the row split
+# changed (spmm_sweep_f32.json: n >= 128 and rows >= 128), its sweep not repeated.
 MIN_N = 128
 MIN_MEAN_ROW = 128
-# Shorter rows too, where rows x column tiles alone give this many warps (rows unsplit): the sweep
-# of every DLMC matrix with each family (probes/spmm_sweep_f32_families_{even,odd}.json) has
-# sputnik_spmm fastest or within 7 % on the 2048-row layers at n >= 256 (rows of 26-150 nonzeros,
-# where csr_rowsplit ran 1.1-1.95x slower) and on 512-row layers at n = 1024; with fewer warps
-# (512 rows at n <= 256) csr_rowsplit's narrowed tiles and split rows win. float32 only: fp16 was not swept.
-MIN_GRID_WARPS = 4096
-MIN_GRID_MEAN_ROW = 24  # the shortest rows that sweep covered (26 nonzeros); shorter ones stay on csr_rowsplit
 INDEX16_MAX_COLS = 32767  # int16 column indices (fp16 only)
 # Many long rows (fp32, at least 2048 x 2048 with >= 256 nonzeros a row): measured on the 2048-,
 # 4096- and 8192-row random squares at 80/90 % (probes/spmm_sweep_random_sputnik.txt,
@@ -94,12 +99,11 @@ def warps(m: int, n: int, tile_n: int, width: int, ksplit: int) -> int:
     return -(-(m * -(-n // tile_n) * ksplit * width) // WARP)
 
 
-def row_split(m: int, n: int, tile_n: int, width: int, mean: float, target: int) -> int:
-    """Row groups per row: doubled while the rows give fewer than `target` warps and each share
-    keeps two staged chunks of nonzeros."""
+def row_split(m: int, n: int, tile_n: int, width: int, target: int) -> int:
+    """Row groups per row: the largest power of two up to MAX_KSPLIT whose grid stays within
+    `target` warps (1 when the rows alone exceed it)."""
     ksplit = 1
-    while (ksplit < MAX_KSPLIT and warps(m, n, tile_n, width, ksplit) < target
-           and mean >= 4 * ksplit * CHUNK):
+    while ksplit < MAX_KSPLIT and warps(m, n, tile_n, width, 2 * ksplit) <= target:
         ksplit *= 2
     return ksplit
 
@@ -108,12 +112,6 @@ def row_group(n: int, itemsize: int, tile_bytes: int | None = None) -> tuple[int
     """(vec, width): elements per load and threads of a row group across at most `tile_bytes` of output."""
     vec = widest_vector(n, itemsize)
     return vec, min(WARP, max(1, (tile_bytes or TILE_BYTES) // (vec * itemsize)), next_pow2(-(-n // vec)))
-
-
-def unsplit_warps(stats, request: Request) -> int:
-    """Warps of the default tile with rows unsplit: how much parallelism the rows alone give."""
-    vec, width = row_group(request.n, 2 if request.dtype == "float16" else 4)
-    return warps(stats.shape[0], request.n, width * vec, width, 1)
 
 
 def many_long_rows(m: int, k: int, mean: float, f16: bool) -> bool:
@@ -132,10 +130,10 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     mean = stats.row_lengths.mean
     vec, width = row_group(n, itemsize, tile_bytes)
     tile_n = width * vec
-    target = WARPS_PER_SM * sm_count(request.arch)
+    target = SPLIT_WARPS_PER_SM * sm_count(request.arch)
     many = many_long_rows(m, k, mean, f16)
     if ksplit is None:
-        ksplit = 1 if many else row_split(m, n, tile_n, width, mean, target)
+        ksplit = 1 if many else row_split(m, n, tile_n, width, target)
     rows = max(1, (block or BLOCK_THREADS) // (width * ksplit))
     small_grid = warps(m, n, tile_n, width, ksplit) <= MANY_ROWS_CHUNK_WARPS
     many_chunk = many and chunk is None and small_grid
@@ -153,8 +151,8 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     reason = (f"rows avg {mean:.1f} nnz (CoV {stats.row_lengths.cov:.2f}), n={n}: {vec}-wide loads, "
               f"{width} thread{'s' if width > 1 else ''} x {tile_n} column{'s' if tile_n > 1 else ''} per row group ({tiles} tile{'s' if tiles > 1 else ''})")
     if spec.ksplit > 1:
-        reason += (f", {spec.ksplit} groups per row ({m} rows alone give "
-                   f"{warps(m, n, tile_n, width, 1)} warps, under {target} for {sm_count(request.arch)} SMs)")
+        reason += (f", {spec.ksplit} groups per row ({m} rows alone give {warps(m, n, tile_n, width, 1)} warps; "
+                   f"split while the grid stays within {target} for {sm_count(request.arch)} SMs)")
     reason += (f"; {chunk}-nonzero chunks by {sv}-wide loads, {spec.batch} loads of X in flight"
                f"{f' ({m} x {k}, rows unsplit: measured faster)' if many_chunk or many_batch else ''}; {index_bits}-bit indices"
                f"{' pre-scaled by n' if prescaled else ''}; "
@@ -166,13 +164,6 @@ def _rule(stats, request: Request):
     gate = spmm_gate(stats, request, index_slack=8)  # indices and values padded to a whole vector
     if gate:
         return gate
-    mean = stats.row_lengths.mean
-    grid = unsplit_warps(stats, request)
-    wide_grid = grid >= MIN_GRID_WARPS and mean >= MIN_GRID_MEAN_ROW and request.dtype == "float32"
-    if request.option("family") != FAMILY and (request.n < MIN_N or (mean < MIN_MEAN_ROW and not wide_grid)):
-        return decline(f"n={request.n}, rows avg {mean:.1f} nnz, {grid} warps unsplit: outside n >= {MIN_N} with "
-                       f"rows >= {MIN_MEAN_ROW} (or, in float32, >= {MIN_GRID_MEAN_ROW} with >= {MIN_GRID_WARPS} warps), where it was "
-                       f"measured faster than csr_rowsplit")
     ksplit, tile_bytes = request.option("ksplit"), request.option("tile_bytes")
     chunk, batch, block = request.option("chunk"), request.option("batch"), request.option("block")
     if ksplit is not None and ksplit not in (1, 2, 4, 8, 16):
@@ -185,8 +176,20 @@ def _rule(stats, request: Request):
         return decline(f"options batch={batch!r}: expected 4, 8, 16 or 32")
     if block is not None and block not in (32, 64, 128, 256, 512):
         return decline(f"options block={block!r}: expected a power of two from 32 to 512")
-    return accept(*choose(stats, request, ksplit=ksplit, tile_bytes=tile_bytes, chunk=chunk, batch=batch,
-                          block=block))
+    spec, reason = choose(stats, request, ksplit=ksplit, tile_bytes=tile_bytes, chunk=chunk, batch=batch, block=block)
+    if request.option("family") == FAMILY:
+        return accept(spec, reason)
+    mean = stats.row_lengths.mean
+    if request.dtype == "float32":
+        measured = request.n >= MIN_N or (mean >= MIN_MEAN_ROW and spec.ksplit > 1)
+        where = f"n >= {MIN_N}, or rows >= {MIN_MEAN_ROW} split over row groups (too few rows to fill the GPU)"
+    else:
+        measured = request.n >= MIN_N and mean >= MIN_MEAN_ROW
+        where = f"n >= {MIN_N} with rows >= {MIN_MEAN_ROW} (float16)"
+    if not measured:
+        return decline(f"n={request.n}, rows avg {mean:.1f} nnz, {spec.ksplit} row group(s) per row: outside "
+                       f"{where}, where it was measured faster than csr_rowsplit")
+    return accept(spec, reason)
 
 
 RULES = (Rule("sputnik_spmm", FAMILY, _rule),)
