@@ -99,6 +99,11 @@ def test_selected_by_default_only_where_measured_faster():
     assert chosen(random_csr(4096, 4096, 0.2, seed=5), 128) != "panel_spmm"  # many rows: the row kernels win
     reason = select(analyze(random_csr(512, 512, 0.5, seed=5)), op="spmm", n=128).tried
     assert any(r == "panel_spmm" and "columns" in why for r, _, why in reason)
+    sparse = random_csr(512, 4608, 0.1, seed=5)  # 10 %: panels pay only for wide X
+    assert chosen(sparse, 32) == chosen(sparse, 128) == "sputnik_spmm"
+    assert chosen(sparse, 256) == chosen(sparse, 1024) == "panel_spmm"
+    why = dict((r, w) for r, _, w in select(analyze(sparse), op="spmm", n=128).tried)["panel_spmm"]
+    assert "n=128 <= 128 at density 0.100 < 0.15" in why
 
 
 def test_options_are_validated():

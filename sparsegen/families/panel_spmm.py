@@ -44,6 +44,12 @@ FINISH_THREADS = 256
 MIN_DENSITY = 0.05
 MIN_K = 2048
 MAX_M = 1024
+# Narrow X (n <= 128) needs more density: once sputnik_spmm split few rows over row groups (584fb17)
+# it beat this kernel on all 22 DLMC cases at 8-11 % density and n = 32/128 that this kernel had
+# (1.25x geomean, 1.02-1.56x; probes/spmm_sweep_sputnik_ksplit_dlmc_*.json against dlmc.json,
+# each against its own run's cuSPARSE), while at 18-20 % and at n >= 256 the two tie or this wins.
+NARROW_N = 128
+NARROW_MIN_DENSITY = 0.15
 
 
 @dataclass(frozen=True)
@@ -164,6 +170,9 @@ def _rule(stats, request: Request):
         return decline(f"{m} rows, {k} columns, density {density:.3f}: outside <= {MAX_M} rows, >= {MIN_K} "
                        f"columns at density >= {MIN_DENSITY}, where it was measured faster than csr_rowsplit "
                        f"and sputnik_spmm")
+    if request.option("family") != FAMILY and request.n <= NARROW_N and density < NARROW_MIN_DENSITY:
+        return decline(f"n={request.n} <= {NARROW_N} at density {density:.3f} < {NARROW_MIN_DENSITY}: "
+                       f"sputnik_spmm's split rows were measured faster there")
     return accept(*choose(stats, request, reuse=reuse, blocks_per_sm=per_sm))
 
 
