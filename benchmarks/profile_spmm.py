@@ -13,28 +13,20 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from profile_tiled import option  # noqa: E402
+from profile_tiled import launch_three_times, option  # noqa: E402
 
 import sparsegen  # noqa: E402
 from sparsegen.bench.dlmc import random_square  # noqa: E402
 
 
 def main():
-    import torch
-
     for arg in sys.argv[1:]:
         m, s, n, *rest = arg.split(",")
         dtype = rest.pop(0) if rest and "=" not in rest[0] else "float32"
         opts = dict(option(o) for o in rest)
         a = random_square(int(m), float(s), seed=1)
         kern = sparsegen.compile(a, op="spmm", n=int(n), dtype=dtype, options=opts)
-        print(kern.spec.name, flush=True)
-        tdt = getattr(torch, dtype)
-        x = torch.randn((a.shape[1], int(n)), dtype=tdt, device="cuda")
-        y = torch.empty((a.shape[0], int(n)), dtype=tdt, device="cuda")
-        for _ in range(3):
-            kern(x, out=y)
-        torch.cuda.synchronize()
+        launch_three_times(kern, a.shape, int(n), dtype)
 
 
 if __name__ == "__main__":

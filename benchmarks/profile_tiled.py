@@ -29,20 +29,25 @@ def option(text: str) -> tuple:
     return name, parsed
 
 
-def main():
+def launch_three_times(kern, shape, n: int, dtype: str) -> None:
+    """Print the kernel's spec and run it three times on random X (what ncu's -c/--launch-skip count)."""
     import torch
 
+    print(kern.spec.name, flush=True)
+    x = torch.randn((shape[1], n), dtype=getattr(torch, dtype), device="cuda")
+    y = torch.empty((shape[0], n), dtype=getattr(torch, dtype), device="cuda")
+    for _ in range(3):
+        kern(x, out=y)
+    torch.cuda.synchronize()
+
+
+def main():
     cases = [(int(m), int(k), float(s), int(n), fam, dict(option(o) for o in rest))
              for m, k, s, n, fam, *rest in (a.split(",") for a in sys.argv[1:])]
     for m, k, s, n, fam, opts in cases or [(*c, {}) for c in CASES]:
         w = random_weight(m, k, 1 - s, seed=1)
         kern = sparsegen.compile(w, op="spmm", n=n, dtype="float16", options={"family": fam, **opts})
-        print(kern.spec.name, flush=True)
-        x = torch.randn((k, n), dtype=torch.float16, device="cuda")
-        y = torch.empty((m, n), dtype=torch.float16, device="cuda")
-        for _ in range(3):
-            kern(x, out=y)
-        torch.cuda.synchronize()
+        launch_three_times(kern, (m, k), n, "float16")
 
 
 if __name__ == "__main__":

@@ -152,6 +152,22 @@ def choose(stats, request: Request, *, reuse: int = REUSE, blocks_per_sm: int = 
     return spec, reason
 
 
+def _outside_measured(stats, request: Request):
+    """The decline for a request outside where this kernel was measured faster, else None."""
+    (m, k), density = stats.shape, stats.density
+    if request.dtype != "float32":
+        return decline(f"dtype {request.dtype}: on the DLMC run of the H100 it lost to the CSR kernels in fp16 "
+                       f"(1.26x vs 1.75x cuSPARSE on the same 80 cases); runs when asked for")
+    if density < MIN_DENSITY or k < MIN_K or m > MAX_M:
+        return decline(f"{m} rows, {k} columns, density {density:.3f}: outside <= {MAX_M} rows, >= {MIN_K} "
+                       f"columns at density >= {MIN_DENSITY}, where it was measured faster than csr_rowsplit "
+                       f"and sputnik_spmm")
+    if request.n <= NARROW_N and density < NARROW_MIN_DENSITY:
+        return decline(f"n={request.n} <= {NARROW_N} at density {density:.3f} < {NARROW_MIN_DENSITY}: "
+                       f"sputnik_spmm's split rows were measured faster there")
+    return None
+
+
 def _rule(stats, request: Request):
     gate = spmm_gate(stats, request)
     if gate:
@@ -161,18 +177,9 @@ def _rule(stats, request: Request):
         return decline(f"options reuse={reuse!r}: expected an integer from 1 to 256")
     if not (isinstance(per_sm, int) and 1 <= per_sm <= 64):
         return decline(f"options blocks_per_sm={per_sm!r}: expected an integer from 1 to 64")
-    k, density = stats.shape[1], stats.density
-    if request.option("family") != FAMILY and request.dtype != "float32":
-        return decline(f"dtype {request.dtype}: on the DLMC run of the H100 it lost to the CSR kernels in fp16 "
-                       f"(1.26x vs 1.75x cuSPARSE on the same 80 cases); runs when asked for")
-    m = stats.shape[0]
-    if request.option("family") != FAMILY and (density < MIN_DENSITY or k < MIN_K or m > MAX_M):
-        return decline(f"{m} rows, {k} columns, density {density:.3f}: outside <= {MAX_M} rows, >= {MIN_K} "
-                       f"columns at density >= {MIN_DENSITY}, where it was measured faster than csr_rowsplit "
-                       f"and sputnik_spmm")
-    if request.option("family") != FAMILY and request.n <= NARROW_N and density < NARROW_MIN_DENSITY:
-        return decline(f"n={request.n} <= {NARROW_N} at density {density:.3f} < {NARROW_MIN_DENSITY}: "
-                       f"sputnik_spmm's split rows were measured faster there")
+    outside = None if request.option("family") == FAMILY else _outside_measured(stats, request)
+    if outside:
+        return outside
     return accept(*choose(stats, request, reuse=reuse, blocks_per_sm=per_sm))
 
 
