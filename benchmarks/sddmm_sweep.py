@@ -1,11 +1,12 @@
-"""Time forced sputnik_sddmm options on DLMC matrices against cuSPARSE (a probe, not a suite).
+"""Time forced SDDMM kernels on DLMC matrices against cuSPARSE (a probe, not a suite).
 
     python benchmarks/sddmm_sweep.py --data .devdata --k 32,128,256 --every 4 \
         --variants "default;tile=16;unroll=2;block=128"
 
 For every `--every`-th DLMC matrix of index.tsv (plus `--random SIZE:SPARSITY,...` squares) and
-every k: each variant (request options as `name=value,name=value`; `default` is the rule's
-choice) compiled, checked against a float64 reference on a sample of the nonzeros, and timed with
+every k: each variant (request options as `name=value,name=value`, family sputnik_sddmm unless
+the variant names another; `default` is sputnik_sddmm's own choice, `family=auto` the rule
+table's) compiled, checked against a float64 reference on a sample of the nonzeros, and timed with
 sparsegen.bench.timing.time_cuda; torch.sparse.sampled_addmm (cuSPARSE) timed the same way.
 Prints one row per (matrix, k) and per-variant geomeans against cuSPARSE; `--out FILE` keeps the
 rows as JSON after every matrix.
@@ -80,8 +81,11 @@ def main() -> int:
                 lambda: torch.sparse.sampled_addmm(pattern, a, bt, beta=0.0, alpha=1.0))["median_ms"]
             for name, options in variants:
                 try:
+                    forced = {"family": "sputnik_sddmm", **options}
+                    if forced["family"] == "auto":  # the rule table's own choice
+                        del forced["family"]
                     kern = sparsegen.compile(p, op="sddmm", k=k, dtype=args.dtype, backend="gpu",
-                                             options={"family": "sputnik_sddmm", **options})
+                                             options=forced or None)
                 except sparsegen.SparsegenError as exc:
                     rec["spec"][name] = f"declined: {exc}"[:200]
                     continue

@@ -1,5 +1,6 @@
-"""GPU tier for SDDMM (`sputnik_sddmm`): generated kernels against a float64 reference on random and
-DLMC matrices, every edge case, fp16 and fp32, NumPy / PyTorch / PyCUDA operands."""
+"""GPU tier for SDDMM's `sputnik_sddmm` (forced; `test_gpu_dense_tile_sddmm.py` has the other family):
+generated kernels against a float64 reference on random and DLMC matrices, every edge case, fp16
+and fp32, NumPy / PyTorch / PyCUDA operands."""
 from __future__ import annotations
 
 import numpy as np
@@ -29,8 +30,8 @@ def operands(a, k, dtype, seed=0):
 
 
 def run_check(a, k, dtype="float32", seed=0, via="numpy", **options):
-    kernel = sparsegen.compile(a, op="sddmm", k=k, dtype=dtype, options=options or None, backend="gpu")
-    assert kernel.spec.family == "sputnik_sddmm"
+    kernel = sparsegen.compile(a, op="sddmm", k=k, dtype=dtype, options={"family": "sputnik_sddmm", **options},
+                               backend="gpu")
     x, y = operands(a, k, dtype, seed)
     if via == "numpy":
         out = kernel(x, y)

@@ -1,0 +1,181 @@
+"""`dense_tile_sddmm`: SDDMM by dense output tiles on tensor cores, for patterns too dense for Sputnik's gather.
+
+out[j] = A[row_j] · B[col_j] for every stored entry j of a CSR pattern P (m × n), in P's CSR
+order; A (m × k) and B (n × k) row-major, float32. Sputnik's SDDMM (`sputnik_sddmm`) loads a row
+of B per stored entry: its cost grows with nnz × k and is bound by those loads. Past some density
+it is cheaper to compute every product of a tile the way a GEMM does, with A's and B's rows staged
+once in shared memory and reused by the whole tile, and to drop the ones the pattern does not
+sample; on tensor cores that density is low.
+
+The pattern is cut into `tile_m` × 64 tiles (formats/sampled_tiles); one block per tile that holds
+an entry, a warp per 32 × 32 of it. k is walked in slices of `slice_k`, `stages` in flight
+(cp.async, zero-filled past the matrix). Products run on TF32 tensor cores at float32 accuracy
+(3xTF32: each operand split into a TF32 high part and a TF32 remainder, three mma per product,
+fp32 sums; about 22 significant bits per product). The epilogue stores an output where the row's
+64-bit mask has its bit, at the row's base plus the popcount of the mask below it. float32 only:
+fp16 SDDMM stays on `sputnik_sddmm`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..formats import sampled_tiles as FORMAT  # noqa: N812 - the family's format module
+from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, long_dtype, sm_count, widest_vector
+
+FAMILY = "dense_tile_sddmm"
+KERNEL = "dense_tile_sddmm"
+TILE_N = FORMAT.TILE_N
+WARP_TILE = 32  # a warp computes 32 x 32 of the tile
+TILE_MS = (128, 64, 32)  # rows of an output tile, largest first
+SLICE_K = 32  # elements of k per pipeline step (k < 32: k rounded up to 8, one mma step)
+STAGES = 3  # slices in flight
+REGISTERS = 128  # per-thread register budget, through __launch_bounds__' minimum blocks per SM
+# Where whole tiles beat sputnik_sddmm's gather, measured on the H100 at k = 32/128/256 with 128-row
+# tiles (benchmarks/results/h100-80gb-hbm3/probes/sddmm_sweep_dense_tile_{even,odd}.txt, every DLMC
+# matrix and six random squares): from 30 % fill at k >= 128 (up to 1.64x); never at k = 32 (one
+# slice does not pay for staging whole tiles: 0.57-0.95x in the tile-height sweep), nor at 25 % fill
+# or less (0.69-0.93x); and not when the grid is small: each block walks all of k alone, so the
+# 512 x 512 layers (32 blocks) ran 0.56-0.72x, while 72 blocks (256 x 2304) ran 0.99-1.23x.
+# k between 32 and 128 was not measured and stays with sputnik_sddmm.
+MIN_FILL = 0.28
+MIN_K = 128
+MIN_BLOCKS_PER_SM = 0.5
+OPTIONS = ("tile_m", "slice_k", "stages")
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Spec(KernelSpec):
+    family: ClassVar[str] = FAMILY
+    dtype: str  # "f32"
+    k: int  # inner dimension (columns of A and B), a compile-time constant
+    vec: int  # floats per cp.async copy
+    tile_m: int  # rows of an output tile (columns: 64)
+    slice_k: int  # elements of k staged per pipeline step
+    stages: int  # slices in flight
+    min_blocks: int  # __launch_bounds__ minimum resident blocks per SM
+
+    @property
+    def name(self) -> str:
+        return (f"{FAMILY}.{self.dtype}.k{self.k}.v{self.vec}.t{self.tile_m}x{TILE_N}.s{self.slice_k}"
+                f"x{self.stages}.m{self.min_blocks}")
+
+    @property
+    def threads(self) -> int:
+        return 32 * (self.tile_m // WARP_TILE) * (TILE_N // WARP_TILE)
+
+    @property
+    def shared_bytes(self) -> int:
+        """`stages` stages of tile_m + 64 staged rows of slice_k + 4 floats."""
+        return self.stages * (self.tile_m + TILE_N) * (self.slice_k + 4) * 4
+
+
+def active_fill(stats) -> float:
+    """Stored entries over the area of the analyzer's tiles that hold one (its 128 x 64 tiles):
+    the share of a dense tile's products that the pattern keeps."""
+    t = stats.tiles
+    if not t.nonempty:
+        return 0.0
+    m, n = stats.shape
+    return stats.nnz / (t.nonempty * min(t.tile_rows, m) * min(t.tile_cols, n))  # a small matrix's tile is smaller
+
+
+def grid_tiles(m: int, n: int, tile_m: int) -> int:
+    return -(-m // tile_m) * -(-n // TILE_N)
+
+
+def choose(stats, request: Request) -> tuple[Spec, str]:
+    """128-row tiles (the fastest in the sweep, even where they leave SMs idle: each staged row of B
+    serves more outputs), fewer rows when the matrix has fewer; slices of 32, three in flight."""
+    k = request.k
+    m, n = stats.shape
+    sms = sm_count(request.arch)
+    tile_m = request.option("tile_m") or next((t for t in reversed(TILE_MS) if t >= m), TILE_MS[0])
+    slice_k = int(request.option("slice_k") or min(SLICE_K, -(-k // 8) * 8))
+    stages = int(request.option("stages") or STAGES)
+    vec = widest_vector(k, 4)
+    threads = 32 * (int(tile_m) // WARP_TILE) * (TILE_N // WARP_TILE)
+    spec = Spec("f32", k, vec, int(tile_m), slice_k, stages, max(1, min(16, 65536 // (threads * REGISTERS))))
+    fill = active_fill(stats)
+    tiles = grid_tiles(m, n, spec.tile_m)
+    reason = (f"fill of the nonempty tiles {fill:.0%} >= {MIN_FILL:.0%} and k={k} >= {MIN_K}: whole "
+              f"{spec.tile_m}x{TILE_N} tiles of A.B^T (up to {tiles} blocks, {tiles / sms:.1f} per SM) cost less "
+              f"than a B row per entry; k in slices of {slice_k}, {stages} in flight, {vec}-float copies; "
+              f"3xTF32 tensor cores")
+    return spec, reason
+
+
+def _check_options(request: Request) -> str | None:
+    tile_m, slice_k, stages = (request.option(o) for o in OPTIONS)
+    if tile_m is not None and tile_m not in TILE_MS:
+        return f"option tile_m={tile_m}: expected one of {', '.join(map(str, TILE_MS))}"
+    if slice_k is not None and (slice_k not in (8, 16, 32, 64)):
+        return f"option slice_k={slice_k}: expected 8, 16, 32 or 64"
+    if stages is not None and stages not in (2, 3, 4):
+        return f"option stages={stages}: expected 2, 3 or 4"
+    return None
+
+
+def _rule(stats, request: Request):
+    if request.op != "sddmm":
+        return decline(f"op {request.op!r} is not sddmm")
+    if not request.k:
+        return decline("sddmm needs k (the inner dimension)")
+    if request.dtype != "float32":
+        return decline(f"dtype {request.dtype}: float32 only (fp16 would want tensor cores)")
+    m, n = stats.shape
+    if stats.nnz > INT32_MAX or max(m, n) > INT32_MAX or max(m, n) * request.k > 2**40:
+        return decline("matrix needs 64-bit indices")
+    bad = _check_options(request)
+    if bad:
+        return decline(bad)
+    if request.option("family") != FAMILY:  # forced (tuning, tests): no measured-region declines
+        fill = active_fill(stats)
+        if request.k < MIN_K:
+            return decline(f"k={request.k} < {MIN_K}: one or few slices do not pay for staging whole tiles")
+        if fill < MIN_FILL:
+            return decline(f"fill of the nonempty tiles {fill:.1%} < {MIN_FILL:.0%}: a B row per entry is cheaper")
+        spec, reason = choose(stats, request)
+        blocks, sms = grid_tiles(m, n, spec.tile_m), sm_count(request.arch)
+        if blocks < MIN_BLOCKS_PER_SM * sms:
+            return decline(f"{blocks} tiles of {spec.tile_m}x{TILE_N} for {sms} SMs (< {MIN_BLOCKS_PER_SM} per SM): "
+                           "each block walks all of k alone")
+        return accept(spec, reason)
+    return accept(*choose(stats, request))
+
+
+RULES = (Rule("dense_tile_sddmm", FAMILY, _rule),)
+
+ARGUMENTS = (Arg("tiles", "plan"), Arg("masks", "plan"), Arg("bases", "plan"), Arg("a", "input"),
+             Arg("b", "input"), Arg("out", "output"), Arg("m", "int"), Arg("n", "int"))
+
+
+def arguments(spec: Spec) -> tuple[Arg, ...]:
+    return ARGUMENTS
+
+
+def encode(csr, spec: Spec, bias=None):
+    if bias is not None:
+        raise ValueError("sddmm takes no bias")
+    return FORMAT.encode(csr, tile_m=spec.tile_m)
+
+
+def operands(spec: Spec, plan) -> tuple[tuple[Operand, ...], Operand]:
+    c, dtype = plan.constants, long_dtype(spec.dtype)
+    return ((Operand("a", (c["m"], spec.k), dtype), Operand("b", (c["n"], spec.k), dtype)),
+            Operand("out", (c["nnz"],), dtype))
+
+
+def launch(spec: Spec, plan) -> Launch:
+    """One block per active tile (an empty pattern has none)."""
+    return Launch((plan.constants["tiles"], 1, 1), (spec.threads, 1, 1), spec.shared_bytes)
+
+
+def alignment(spec: Spec) -> int:
+    """Bytes the A and B pointers must be aligned to (cp.async copies)."""
+    return spec.vec * 4
+
+
+def emulate(spec: Spec, plan, inputs: dict):
+    return FORMAT.sddmm(plan, inputs["a"], inputs["b"])
