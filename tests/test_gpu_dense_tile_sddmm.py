@@ -87,7 +87,7 @@ def test_only_stored_entries_are_kept():
 
 
 def test_selected_for_a_dense_pattern():
-    kernel = run_check(random_csr(512, 1024, 0.5, seed=5), 128, forced=False)
+    kernel = run_check(random_csr(512, 2048, 0.5, seed=5), 128, forced=False)
     assert kernel.spec.family == FAMILY
 
 
