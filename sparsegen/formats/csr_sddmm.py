@@ -108,14 +108,21 @@ def sddmm(plan: Plan, a: np.ndarray, b: np.ndarray, out_dtype=None) -> np.ndarra
     """What the kernel computes: out[pos] = A[row] . B[col] per stored entry, fp32 products and sums,
     one cast to the output dtype (the inputs' by default)."""
     pos, rows, cols = gather(plan)
+    return sampled_products(pos, rows, cols, plan.constants["nnz"], a, b, out_dtype)
+
+
+def sampled_products(pos, rows, cols, nnz: int, a: np.ndarray, b: np.ndarray, out_dtype=None) -> np.ndarray:
+    """out[pos] = A[rows] . B[cols] (fp32 products and sums, one cast to the output dtype, the
+    inputs' by default), out of length nnz: every SDDMM format's emulator once it has read its
+    (position, row, column) triples."""
     out_dtype = np.dtype(out_dtype or np.asarray(a).dtype)
     a32 = np.asarray(a, dtype=np.float32)
     b32 = np.asarray(b, dtype=np.float32)
     vals = np.empty(pos.size, dtype=np.float32)
-    step = max(1, EMULATE_CHUNK // max(plan.constants["inner"], 1))
+    step = max(1, EMULATE_CHUNK // max(a32.shape[1] if a32.ndim == 2 else 1, 1))
     for s in range(0, pos.size, step):
         e = min(pos.size, s + step)
         vals[s:e] = np.einsum("ij,ij->i", a32[rows[s:e]], b32[cols[s:e]])
-    out = np.zeros(plan.constants["nnz"], dtype=out_dtype)
+    out = np.zeros(nnz, dtype=out_dtype)
     out[pos] = vals.astype(out_dtype)
     return out

@@ -21,11 +21,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import Plan
+from .csr_sddmm import sampled_products
 
 NAME = "sampled_tiles"
 TILE_N = 64  # columns of a tile: one 64-bit mask per tile row
 INT32_MAX = np.iinfo(np.int32).max
-EMULATE_CHUNK = 1 << 22  # elements of a gathered operand per emulator step (bounds its memory)
 GATHER_CHUNK = 1 << 24  # tile elements expanded to bits per step of `gather`
 
 
@@ -82,15 +82,4 @@ def sddmm(plan: Plan, a: np.ndarray, b: np.ndarray, out_dtype=None) -> np.ndarra
     """What the kernel computes: out[pos] = A[row] . B[col] per stored entry, fp32 products and sums,
     one cast to the output dtype (the inputs' by default)."""
     pos, rows, cols = gather(plan)
-    out_dtype = np.dtype(out_dtype or np.asarray(a).dtype)
-    a32 = np.asarray(a, dtype=np.float32)
-    b32 = np.asarray(b, dtype=np.float32)
-    inner = a32.shape[1] if a32.ndim == 2 else 1
-    vals = np.empty(pos.size, dtype=np.float32)
-    step = max(1, EMULATE_CHUNK // max(inner, 1))
-    for s in range(0, pos.size, step):
-        e = min(pos.size, s + step)
-        vals[s:e] = np.einsum("ij,ij->i", a32[rows[s:e]], b32[cols[s:e]])
-    out = np.zeros(plan.constants["nnz"], dtype=out_dtype)
-    out[pos] = vals.astype(out_dtype)
-    return out
+    return sampled_products(pos, rows, cols, plan.constants["nnz"], a, b, out_dtype)
