@@ -57,8 +57,10 @@ def print_geomeans(ratios: dict) -> None:
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
+    """'family,key=int,...' forces that family with those options; 'auto,...' leaves the choice to selection."""
     family, *opts = text.split(",")
-    return text, {"family": family, **{k: int(v) for k, v in (o.split("=") for o in opts)}}
+    options = {k: int(v) for k, v in (o.split("=") for o in opts)}
+    return text, options if family == "auto" else {"family": family, **options}
 
 
 def skewed(m: int, k: int, density: float, cov: float, seed: int):

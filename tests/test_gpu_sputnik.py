@@ -50,6 +50,26 @@ def test_every_row_split_adds_the_shares(ksplit, dtype):
     assert kernel.spec.ksplit == ksplit
 
 
+def skewed_rows(m: int, k: int, seed: int) -> sp.csr_matrix:
+    """Mostly short rows, a few up to k long, some empty: each split class of the per-row split."""
+    rng = np.random.default_rng(seed)
+    lengths = np.minimum(k, (rng.pareto(1.2, m) * 20).astype(np.int64))
+    lengths[rng.random(m) < 0.1] = 0
+    lengths[:3] = (k, k // 2, 33)
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    cols = np.concatenate([np.sort(rng.choice(k, size=L, replace=False)) for L in lengths])
+    return sp.csr_matrix((rng.standard_normal(cols.size).astype(np.float32), cols, indptr), shape=(m, k))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("n,options", [(512, {"balance": 1}), (256, {"piece": 16}), (96, {"piece": 40}),
+                                       (37, {"piece": 64, "ksplit": 4}), (8, {"balance": 1}), (1, {"piece": 8})])
+def test_rows_split_per_row_add_their_shares(dtype, n, options):
+    m = 777
+    kernel = check(skewed_rows(m, 1500, n), n, dtype, bias=np.linspace(-1, 1, m), relu=True, **options)
+    assert kernel.spec.balanced and kernel.spec.ksplit > 1
+
+
 @pytest.mark.parametrize("tile_bytes", [16, 64, 512])
 def test_tile_widths(tile_bytes):
     kernel = check(random_csr(200, 300, 0.1, seed=3), 200, "float32", tile_bytes=tile_bytes)

@@ -125,6 +125,71 @@ def test_encoder_pads_only_the_tail_and_prescales():
         fmt.encode_sputnik(random_csr(4, 40000, 0.01, seed=9), "float16", index_bits=16, prescale=2)
 
 
+def test_balanced_blocks_cover_every_row_once_split_by_length():
+    rng = np.random.default_rng(12)
+    lengths = np.concatenate([rng.integers(0, 60, 300), [0, 0, 700, 250, 130, 64, 65]])
+    order = fmt.row_swizzle(np.concatenate([[0], np.cumsum(lengths)]))
+    table = fmt.balanced_blocks(lengths[order], 64, 8, 8)
+    starts, rows, shift = table[:, 0], table[:, 1] >> 8, table[:, 1] & 0xFF
+    covered = np.concatenate([np.arange(s, s + r) for s, r in zip(starts, rows)])
+    np.testing.assert_array_equal(covered, np.arange(lengths.size))  # each position of `order` once, in order
+    assert ((rows << shift) <= 8).all() and (rows >= 1).all()
+    split = np.repeat(1 << shift, rows)[np.argsort(order)]  # each row's split, by row
+    np.testing.assert_array_equal(split, fmt.row_splits(lengths, 64, 8))
+    assert split[lengths == 700] == 8 and split[lengths == 250] == 4 and split[lengths == 130] == 4
+    assert split[lengths == 65] == 2 and split[lengths == 64] == 1 and (split[lengths == 0] == 1).all()
+    assert fmt.balanced_blocks(np.zeros(0, np.int64), 64, 8, 8).shape == (0, 2)
+
+
+def test_rows_split_per_row_by_default_where_the_longest_row_is_twice_the_mean():
+    skewed = sp.vstack([random_csr(500, 2048, 0.05, seed=1), random_csr(12, 2048, 0.3, seed=2)]).tocsr()
+    assert spec_for(skewed, 1024).budget == 528 and spec_for(skewed, 128).budget == 4224
+    assert spec_for(skewed, 1024, balance=0).budget == 0  # the uniform split on request
+    assert spec_for(skewed, 1024, ksplit=2).budget == 0  # a forced ksplit is uniform
+    assert spec_for(skewed, 1024, dtype="float16").budget == 0  # measured in float32 only
+    assert spec_for(random_csr(512, 2048, 0.05, seed=1), 1024).budget == 0  # even rows: max < 2x mean
+    many = sp.vstack([random_csr(600, 2048, 0.05, seed=1), random_csr(12, 2048, 0.3, seed=2)]).tocsr()
+    assert spec_for(many, 1024).budget == 0  # 612 rows fill the budget of 528 groups: nothing to split
+    short = sp.vstack([random_csr(500, 2048, 0.01, seed=1), random_csr(12, 2048, 0.1, seed=2)]).tocsr()
+    assert spec_for(short, 1024).budget > 0  # longest ~200 on one group of 8 tiles x 512 rows
+    assert spec_for(short, 128).ksplit == 8 and spec_for(short, 128).budget == 0  # ~200 / 8: one chunk a group
+
+
+def test_smallest_piece_fits_the_budget():
+    lengths = np.array([400, 100, 100, 100, 100, 3, 0])
+    piece = fmt.smallest_piece(lengths, 24, 16)
+    assert fmt.row_splits(lengths, piece, 16).sum() <= 24 < fmt.row_splits(lengths, piece - 1, 16).sum()
+    assert fmt.row_splits(lengths, piece, 16).tolist() == [8, 2, 2, 2, 2, 1, 1]  # 50 per group (4-way: 26 > 24)
+    even = np.full(512, 102)  # equal rows: the uniform split, every row alike
+    assert set(fmt.row_splits(even, fmt.smallest_piece(even, 2112, 16), 16)) == {4}
+    assert fmt.smallest_piece(np.full(100, 7), 50, 16) == 7  # even unsplit rows exceed the budget
+    assert fmt.smallest_piece(np.zeros(0, np.int64), 50, 16) == 1
+
+
+def test_balanced_split_spec_name_reason_and_options():
+    a = sp.vstack([random_csr(500, 2048, 0.05, seed=1), random_csr(12, 2048, 0.3, seed=2)]).tocsr()
+    spec = spec_for(a, 1024, balance=1)
+    target = fam.SPLIT_WARPS_PER_SM * 132
+    assert spec.budget == fam.group_budget(1024, 128, 32, target) == target // 8 and spec.piece == 0
+    assert spec.ksplit == fam.most_split(np.diff(a.indptr).max(), a.nnz, spec.budget) and spec.swizzle
+    assert f".ks{spec.ksplit}g{spec.budget}." in spec.name
+    forced = spec_for(a, 1024, piece=32)
+    assert (forced.piece, forced.budget, forced.ksplit, forced.rows, forced.block) == (32, 0, 16, 1, 512)
+    assert spec_for(a, 1024, piece=32, ksplit=4).ksplit == 4  # ksplit caps the split
+    sel = select(analyze(a), op="spmm", n=1024, options=(("balance", 1), ("family", "sputnik_spmm")))
+    assert "that leave each <= the least piece whose splits fit 528 groups per column tile" in sel.reason
+    for bad, match in (({"balance": 2}, "balance=2"), ({"piece": 0}, "piece=0"),
+                       ({"piece": 8, "balance": 0}, "piece with balance=0")):
+        with pytest.raises(UnsupportedError, match=match):
+            spec_for(a, 1024, **bad)
+    plan = sparsegen.compile(a, n=1024, backend="emulate", options={"family": "sputnik_spmm", "balance": 1}).plan
+    assert plan.constants["row_blocks"] == plan.arrays["blocks"].shape[0]
+    assert fam.launch(spec, plan).grid[0] == 8 * plan.constants["row_blocks"]
+    lengths = np.sort(np.diff(a.indptr))[::-1]
+    assert plan.constants["piece"] == fmt.smallest_piece(lengths, spec.budget, spec.ksplit)
+    assert fmt.row_splits(lengths, plan.constants["piece"], spec.ksplit).sum() <= spec.budget
+
+
 def test_empty_matrix_encodes_and_launches_nothing():
     a = sp.csr_matrix((0, 10), dtype=np.float32)
     k = sparsegen.compile(a, n=4, backend="emulate", options={"family": "sputnik_spmm"})
@@ -142,6 +207,16 @@ def test_emulator_matches_scipy(m, k, density, n, dtype, relu, seed):
                                options={"family": "sputnik_spmm"})
     x = np.random.default_rng(seed + 1).standard_normal((k, n)).astype(dtype)
     assert rel_error(kernel(x), reference(rounded(a, dtype), x, bias, relu)) <= TOL[dtype]
+
+
+def test_balanced_source_reads_the_block_table():
+    a = sp.vstack([random_csr(500, 2048, 0.05, seed=1), random_csr(12, 2048, 0.3, seed=2)]).tocsr()
+    src = render(spec_for(a, 1024, piece=32))
+    assert src.split("*/", 1)[1] == render(spec_for(a, 1024, piece=33)).split("*/", 1)[1]  # one cubin
+    params = src.split("sputnik_spmm(")[1].split(")")[0]
+    assert "const int2* __restrict__ blocks" in params and "int row_blocks" in params and "int m" not in params
+    assert "constexpr int KSPLIT = 16;" in src and "__shared__ float s_part[GROUPS][TILE_N];" in src
+    assert "c += split * CHUNK" in src and "each block takes the rows the encoder's" in src
 
 
 def test_source_names_its_constants():
@@ -162,6 +237,8 @@ SHAPES = [  # (m, k, density, n, dtype, options): one per code path the rule can
     (200, 200, 0.1, 96, "float32", {"ksplit": 16}),  # block of 256+ threads
     (400, 900, 0.3, 256, "float32", {"chunk": 64, "batch": 8}),  # 2-wide sparse loads, 8 X loads in flight
     (400, 900, 0.3, 128, "float16", {"chunk": 128, "block": 256}),  # 4-wide sparse loads, 8 rows a block
+    (400, 900, 0.3, 1024, "float32", {"piece": 32}),  # split per row, 16 at most
+    (400, 900, 0.3, 40, "float16", {"balance": 1}),  # split per row, narrow groups, column residue
 ]
 
 

@@ -7,7 +7,10 @@ element offsets into X) with vector loads that start at the vector boundary befo
 broadcast and loads its `vec` columns of X straight to registers, `chunk` independent loads in
 flight. Rows are swizzled (longest first) when their lengths vary. Beyond Sputnik, `ksplit` row
 groups may share one row's chunks and meet in shared memory: DLMC layers have a few hundred long
-rows, too few warps for 132 SMs otherwise.
+rows, too few warps for 132 SMs otherwise. With `budget`, that split is per row: the encoder finds
+the least work per row group (`piece`) whose per-row splits (powers of two) fit the grid's budget
+of groups, and builds a table of blocks (one split per block), so a layer's longest rows (2-5x the
+mean) no longer set the kernel's time.
 """
 from __future__ import annotations
 
@@ -34,6 +37,17 @@ BATCH_BYTES = 256  # bytes of X a thread has in flight: 16 float4 loads, 64 regi
 # row, left the 512-row layers' longest rows (2-5x the mean) on one row group and ran 1.4-2x slower.
 SPLIT_WARPS_PER_SM = 32
 SWIZZLE_COV = 0.1  # row-length CoV above which rows run longest first
+# Per-row split (`budget`) by default, float32, where the longest row has >= 2x the mean row's
+# nonzeros, the rows alone leave room in the grid (fewer rows than the budget of row groups), and
+# the split above would leave the longest row more than one chunk per row group (a group with one
+# chunk to do gains nothing from a finer split, and the per-row split's larger blocks cost).
+# Measured on every DLMC matrix in fp32 at n = 128, 256, 1024 against the split above in the same
+# process (probes/spmm_sweep_sputnik_balance.json): over the cases where sputnik_spmm is selected
+# this rule gives 1.07x / 1.09x / 1.09x per n (up to 2.05x on 512-row layers whose longest row is
+# 4-12x the mean; the worst 0.85x); split per row everywhere, 1.03x / 1.08x / 1.09x, the losses on
+# even rows and on 512-row layers at n = 128 whose rows were already one chunk a group. The rule
+# was read off this sweep, every DLMC matrix: there is no held-out half.
+BALANCE_MAX_OVER_MEAN = 2.0
 # Where this kernel beats csr_rowsplit on the H100, with the row split above (same sweep, both
 # kernels in the same process): float32 with n >= 128, or rows of >= 128 nonzeros at any n when
 # the rows are split (1.76x cuSPARSE over the 142 DLMC cases that reach these two families,
@@ -78,12 +92,19 @@ class Spec(KernelSpec):
     swizzle: bool
     bias: bool = False
     relu: bool = False
+    budget: int = 0  # > 0: rows split per row within this many row groups per column tile (ksplit the most)
+    piece: int = 0  # > 0: rows split per row, <= piece nonzeros a group (ksplit the most); see `balanced`
+
+    @property
+    def balanced(self) -> bool:
+        return self.budget > 0 or self.piece > 0
 
     @property
     def name(self) -> str:
         epi = epilogue_suffix(self.bias, self.relu)
         idx = f"i{self.index_bits}" + ("s" if self.prescaled else "") + ("w" if self.wide else "")
-        return (f"{FAMILY}.{self.dtype}.n{self.n}.v{self.vec}.w{self.width}.ks{self.ksplit}.r{self.rows}"
+        split = f"ks{self.ksplit}" + (f"p{self.piece}" if self.piece else f"g{self.budget}" if self.budget else "")
+        return (f"{FAMILY}.{self.dtype}.n{self.n}.v{self.vec}.w{self.width}.{split}.r{self.rows}"
                 f".c{self.chunk}x{self.sv}.b{self.batch}.{idx}{'.swz' if self.swizzle else ''}{epi}")
 
     @property
@@ -108,6 +129,18 @@ def row_split(m: int, n: int, tile_n: int, width: int, target: int) -> int:
     return ksplit
 
 
+def group_budget(n: int, tile_n: int, width: int, target: int) -> int:
+    """Row groups per column tile that keep the grid within `target` warps."""
+    return max(1, target * (WARP // width) // -(-n // tile_n))
+
+
+def most_split(longest: int, nnz: int, budget: int, piece: int = 0, cap: int = MAX_KSPLIT) -> int:
+    """The longest row's split (a power of two <= cap), or a bound on it: every piece the budget
+    allows is at least nnz / budget."""
+    piece = piece or max(1, -(-nnz // budget))
+    return min(cap, next_pow2(-(-longest // piece)))
+
+
 def row_group(n: int, itemsize: int, tile_bytes: int | None = None) -> tuple[int, int]:
     """(vec, width): elements per load and threads of a row group across at most `tile_bytes` of output."""
     vec = widest_vector(n, itemsize)
@@ -120,10 +153,11 @@ def many_long_rows(m: int, k: int, mean: float, f16: bool) -> bool:
 
 
 def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: int | None = None,
-           chunk: int | None = None, batch: int | None = None, block: int | None = None) -> tuple[Spec, str]:
+           chunk: int | None = None, batch: int | None = None, block: int | None = None,
+           balance: int | None = None, piece: int | None = None) -> tuple[Spec, str]:
     """Vector width and tile from n and the dtype, the row split from how many warps the rows
-    alone give, indices from the column count; `ksplit`, `tile_bytes`, `chunk`, `batch` and
-    `block` (threads per block) override (tuning)."""
+    alone give, indices from the column count; `ksplit`, `tile_bytes`, `chunk`, `batch`, `block`
+    (threads per block), `balance` (1: split per row, 0: alike) and `piece` override (tuning)."""
     f16 = request.dtype == "float16"
     itemsize = 2 if f16 else 4
     n, (m, k) = request.n, stats.shape
@@ -132,7 +166,15 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     tile_n = width * vec
     target = SPLIT_WARPS_PER_SM * sm_count(request.arch)
     many = many_long_rows(m, k, mean, f16)
-    if ksplit is None:
+    groups = group_budget(n, tile_n, width, target)
+    longest = stats.row_lengths.max
+    skewed = (balance is None and ksplit is None and not f16 and m < groups and longest >= BALANCE_MAX_OVER_MEAN * mean
+              and longest > CHUNK * row_split(m, n, tile_n, width, target))
+    balanced = bool(piece) or (balance == 1 or skewed) and not many
+    budget = groups if balanced and not piece else 0
+    if balanced:
+        ksplit = most_split(stats.row_lengths.max, stats.nnz, budget, piece or 0, ksplit or MAX_KSPLIT)
+    elif ksplit is None:
         ksplit = 1 if many else row_split(m, n, tile_n, width, target)
     rows = max(1, (block or BLOCK_THREADS) // (width * ksplit))
     small_grid = warps(m, n, tile_n, width, ksplit) <= MANY_ROWS_CHUNK_WARPS
@@ -143,14 +185,21 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     index_bits = 16 if f16 and k <= INDEX16_MAX_COLS else 32
     wide = k * n >= 2**31
     prescaled = index_bits == 32 and not wide
-    swizzle = stats.row_lengths.cov > SWIZZLE_COV
+    swizzle = balanced or stats.row_lengths.cov > SWIZZLE_COV
     batch = min(chunk, batch or (MANY_ROWS_BATCH if many_batch else BATCH_BYTES // (vec * itemsize)))
     spec = Spec(request.short_dtype, n, vec, width, ksplit, rows, chunk, sv, batch, index_bits, prescaled, wide,
-                swizzle, request.bias, request.relu)
+                swizzle, request.bias, request.relu, budget, piece or 0)
     tiles = -(-n // tile_n)
     reason = (f"rows avg {mean:.1f} nnz (CoV {stats.row_lengths.cov:.2f}), n={n}: {vec}-wide loads, "
               f"{width} thread{'s' if width > 1 else ''} x {tile_n} column{'s' if tile_n > 1 else ''} per row group ({tiles} tile{'s' if tiles > 1 else ''})")
-    if spec.ksplit > 1:
+    if spec.piece:
+        reason += (f", each row split over the fewest row groups (a power of two, up to {spec.ksplit}) that leave "
+                   f"each <= {spec.piece} nonzeros")
+    elif spec.budget:
+        reason += (f", each row split over the fewest row groups (a power of two, up to {spec.ksplit}) that leave "
+                   f"each <= the least piece whose splits fit {spec.budget} groups per column tile (grid within "
+                   f"{target} warps for {sm_count(request.arch)} SMs; the longest row has {stats.row_lengths.max})")
+    elif spec.ksplit > 1:
         reason += (f", {spec.ksplit} groups per row ({m} rows alone give {warps(m, n, tile_n, width, 1)} warps; "
                    f"split while the grid stays within {target} for {sm_count(request.arch)} SMs)")
     reason += (f"; {chunk}-nonzero chunks by {sv}-wide loads, {spec.batch} loads of X in flight"
@@ -176,7 +225,15 @@ def _rule(stats, request: Request):
         return decline(f"options batch={batch!r}: expected 4, 8, 16 or 32")
     if block is not None and block not in (32, 64, 128, 256, 512):
         return decline(f"options block={block!r}: expected a power of two from 32 to 512")
-    spec, reason = choose(stats, request, ksplit=ksplit, tile_bytes=tile_bytes, chunk=chunk, batch=batch, block=block)
+    balance, piece = request.option("balance"), request.option("piece")
+    if balance not in (None, 0, 1):
+        return decline(f"options balance={balance!r}: expected 0 (every row split alike) or 1 (split per row)")
+    if piece is not None and (not isinstance(piece, int) or isinstance(piece, bool) or not 1 <= piece <= 1 << 20):
+        return decline(f"options piece={piece!r}: expected nonzeros per row group, 1 to {1 << 20}")
+    if piece is not None and balance == 0:
+        return decline("options piece with balance=0: a piece size splits rows per row")
+    spec, reason = choose(stats, request, ksplit=ksplit, tile_bytes=tile_bytes, chunk=chunk, batch=batch, block=block,
+                          balance=balance, piece=piece)
     if request.option("family") == FAMILY:
         return accept(spec, reason)
     mean = stats.row_lengths.mean
@@ -199,25 +256,29 @@ def arguments(spec: Spec) -> tuple[Arg, ...]:
     args = [Arg("indptr", "plan"), Arg("indices", "plan"), Arg("values", "plan")]
     if spec.swizzle:
         args.append(Arg("order", "plan"))
+    if spec.balanced:
+        args.append(Arg("blocks", "plan"))
     args.append(Arg("x", "input"))
     if spec.bias:
         args.append(Arg("bias", "plan"))
-    return tuple(args) + (Arg("y", "output"), Arg("m", "int"))
+    return tuple(args) + (Arg("y", "output"), Arg("row_blocks" if spec.balanced else "m", "int"))
 
 
 def encode(csr, spec: Spec, bias=None):
     return FORMAT.encode_sputnik(csr, long_dtype(spec.dtype),
                                  index_bits=spec.index_bits, prescale=spec.n if spec.prescaled else 0,
-                                 vector=spec.sv, swizzle=spec.swizzle, bias=bias)
+                                 vector=spec.sv, swizzle=spec.swizzle, bias=bias,
+                                 balance=((spec.piece, spec.budget, spec.rows * spec.ksplit, spec.ksplit)
+                                          if spec.balanced else None))
 
 
 operands = spmm_operands
 
 
 def launch(spec: Spec, plan) -> Launch:
-    m = plan.constants["m"]
     tiles = -(-spec.n // spec.tile_n)
-    return Launch((-(-m // spec.rows) * tiles, 1, 1), (spec.block, 1, 1), 0)
+    blocks = plan.constants["row_blocks"] if spec.balanced else -(-plan.constants["m"] // spec.rows)
+    return Launch((blocks * tiles, 1, 1), (spec.block, 1, 1), 0)
 
 
 def alignment(spec: Spec) -> int:

@@ -47,11 +47,52 @@ def row_swizzle(indptr: np.ndarray) -> np.ndarray:
     return np.argsort(-lengths, kind="stable").astype(np.int32)
 
 
+def row_splits(lengths: np.ndarray, piece: int, max_split: int) -> np.ndarray:
+    """Row groups per row: the smallest power of two that leaves each group <= `piece` nonzeros,
+    at most `max_split` (a power of two), at least 1."""
+    want = np.maximum(1, -(-np.asarray(lengths, dtype=np.int64) // max(1, piece)))
+    return np.minimum(1 << np.ceil(np.log2(want)).astype(np.int64), max_split)
+
+
+def smallest_piece(lengths: np.ndarray, budget: int, max_split: int) -> int:
+    """The smallest `piece` whose `row_splits` add up to at most `budget` row groups (the longest
+    row's length when even unsplit rows exceed it): the least work per group the grid allows."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    lo, hi = 1, max(1, int(lengths.max(initial=0)))
+    while lo < hi:  # row_splits(...).sum() does not grow with the piece
+        mid = (lo + hi) // 2
+        if row_splits(lengths, mid, max_split).sum() <= budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def balanced_blocks(lengths: np.ndarray, piece: int, groups: int, max_split: int) -> np.ndarray:
+    """Rows, longest first (`lengths` in that order), packed into blocks of `groups` row groups,
+    each row split `row_splits` ways; a block holds rows of one split only. Returns int32
+    (blocks, 2): each block's first position in the order, and rows << 8 | log2(split)."""
+    shift = np.log2(row_splits(lengths, piece, max_split)).astype(np.int64)  # non-increasing
+    parts = []
+    for s in range(int(max_split).bit_length() - 1, -1, -1):  # one split class at a time, rows in order
+        where = np.flatnonzero(shift == s)
+        if where.size == 0:
+            continue
+        per = max(1, groups >> s)
+        starts = where[0] + np.arange(0, where.size, per)
+        rows = np.minimum(per, where[-1] + 1 - starts)
+        parts.append(np.stack([starts, (rows << 8) | s], axis=1))
+    if not parts:
+        return np.zeros((0, 2), dtype=np.int32)
+    return np.concatenate(parts).astype(np.int32)
+
+
 SPUTNIK = "csr_sputnik"
 
 
 def encode_sputnik(csr: sp.csr_matrix, dtype: str, *, index_bits: int = 32, prescale: int = 0, vector: int = 1,
-                   swizzle: bool = False, bias: np.ndarray | None = None) -> Plan:
+                   swizzle: bool = False, bias: np.ndarray | None = None,
+                   balance: tuple[int, int, int, int] | None = None) -> Plan:
     """CSR as the `sputnik_spmm` kernel reads it.
 
     index_bits: 16 stores column indices as int16 (fp16 kernels, at most 32767 columns: half the
@@ -59,7 +100,9 @@ def encode_sputnik(csr: sp.csr_matrix, dtype: str, *, index_bits: int = 32, pres
     offset of the X row, saving the kernel a multiply per staged nonzero). vector: the kernel loads
     the row `vector` entries at a time from a boundary at or before the row start (reverse-offset
     alignment), so no row is padded; only the arrays' tails are, to a whole vector. swizzle: adds
-    `order`, the rows by decreasing length.
+    `order`, the rows by decreasing length. balance: (piece, budget, groups, max_split) adds
+    `blocks`, the table of `balanced_blocks` over that order (swizzle implied), its length as
+    `row_blocks` and the piece as `piece` (when 0, the `smallest_piece` within `budget` groups).
     """
     m, k = csr.shape
     nnz = int(csr.nnz)
@@ -75,11 +118,19 @@ def encode_sputnik(csr: sp.csr_matrix, dtype: str, *, index_bits: int = 32, pres
     values = np.zeros(padded, dtype=np.dtype(dtype))
     values[:nnz] = csr.data
     arrays = {"indptr": as_index(csr.indptr).copy(), "indices": indices, "values": values}
-    if swizzle:
+    constants = {"m": int(m), "k": int(k), "nnz": nnz, "prescale": int(prescale)}
+    if swizzle or balance:
         arrays["order"] = row_swizzle(csr.indptr)
+    if balance:
+        piece, budget, groups, max_split = balance
+        lengths = np.diff(np.asarray(csr.indptr, dtype=np.int64))[arrays["order"]]
+        piece = piece or smallest_piece(lengths, budget, max_split)
+        arrays["blocks"] = balanced_blocks(lengths, piece, groups, max_split)
+        constants["row_blocks"] = int(arrays["blocks"].shape[0])
+        constants["piece"] = int(piece)
     if bias is not None:
         arrays["bias"] = np.ascontiguousarray(bias, dtype=np.float32)
-    return Plan(SPUTNIK, arrays, {"m": int(m), "k": int(k), "nnz": nnz, "prescale": int(prescale)})
+    return Plan(SPUTNIK, arrays, constants)
 
 
 def decode_sputnik(plan: Plan) -> Plan:
