@@ -73,6 +73,9 @@ def test_bad_options_are_named():
         pick(random_csr(50, 50, 0.5), 64, family=fam.FAMILY, tile_m=48)
     with pytest.raises(sparsegen.SparsegenError, match="option stages=5"):
         pick(random_csr(50, 50, 0.5), 64, family=fam.FAMILY, stages=5)
+    with pytest.raises(sparsegen.SparsegenError, match="option min_blocks=3"):
+        pick(random_csr(50, 50, 0.5), 64, family=fam.FAMILY, min_blocks=3)
+    assert pick(random_csr(300, 300, 0.5, seed=6), 128, family=fam.FAMILY, min_blocks=1).spec.min_blocks == 1
 
 
 def test_spec_name_and_launch_geometry():

@@ -41,7 +41,7 @@ REGISTERS = 128  # per-thread register budget, through __launch_bounds__' minimu
 MIN_FILL = 0.28
 MIN_K = 128
 MIN_BLOCKS_PER_SM = 0.5
-OPTIONS = ("tile_m", "slice_k", "stages")
+OPTIONS = ("tile_m", "slice_k", "stages", "min_blocks")
 INT32_MAX = 2**31 - 1
 
 
@@ -100,7 +100,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     slice_k = int(request.option("slice_k") or min(SLICE_K, -(-k // 8) * 8))
     stages = int(request.option("stages") or STAGES)
     vec = widest_vector(k, 4)
-    min_blocks = max(1, min(16, 65536 // (threads_for(int(tile_m)) * REGISTERS)))
+    min_blocks = int(request.option("min_blocks") or max(1, min(16, 65536 // (threads_for(int(tile_m)) * REGISTERS))))
     spec = Spec("f32", k, vec, int(tile_m), slice_k, stages, min_blocks)
     fill = active_fill(stats)
     tiles = grid_tiles(m, n, spec.tile_m)
@@ -112,13 +112,15 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
 
 
 def _check_options(request: Request) -> str | None:
-    tile_m, slice_k, stages = (request.option(o) for o in OPTIONS)
+    tile_m, slice_k, stages, min_blocks = (request.option(o) for o in OPTIONS)
     if tile_m is not None and tile_m not in TILE_MS:
         return f"option tile_m={tile_m}: expected one of {', '.join(map(str, TILE_MS))}"
     if slice_k is not None and (slice_k not in (8, 16, 32, 64)):
         return f"option slice_k={slice_k}: expected 8, 16, 32 or 64"
     if stages is not None and stages not in (2, 3, 4):
         return f"option stages={stages}: expected 2, 3 or 4"
+    if min_blocks is not None and min_blocks not in (1, 2, 4, 8):
+        return f"option min_blocks={min_blocks}: expected 1, 2, 4 or 8 (resident blocks per SM asked of nvcc)"
     return None
 
 
