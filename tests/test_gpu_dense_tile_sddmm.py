@@ -12,7 +12,7 @@ import sparsegen
 from sparsegen.bench.dlmc import dlmc_matrices
 
 from .helpers import TOL, random_csr, rel_error
-from .test_gpu_sddmm import operands, reference
+from .test_gpu_sddmm import check_unsampled_products_stay_out, operands, reference
 
 pytestmark = pytest.mark.gpu
 FAMILY = "dense_tile_sddmm"
@@ -75,15 +75,7 @@ def test_long_k_walks_many_slices():
 
 def test_only_stored_entries_are_kept():
     """Whole tiles are computed: unsampled products that are inf or NaN must not reach the output."""
-    a = sp.hstack([random_csr(300, 199, 0.4, seed=8, empty_rows=0.3), sp.csr_matrix((300, 1))]).tocsr()
-    a = a.astype(np.float32)
-    x, y = operands(a, 64, "float32")
-    x[np.diff(a.indptr) == 0] = np.inf  # empty rows
-    y[199] = np.nan  # a column no row samples
-    kernel = sparsegen.compile(a, op="sddmm", k=64, backend="gpu", options={"family": FAMILY})
-    out = kernel(x, y)
-    assert np.isfinite(out).all()
-    assert rel_error(out, reference(a, x, y)) <= TOL["float32"]
+    check_unsampled_products_stay_out(0.4, family=FAMILY)
 
 
 def test_selected_for_a_dense_pattern():

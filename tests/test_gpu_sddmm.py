@@ -103,16 +103,22 @@ def test_every_option_shape(dtype, options):
         assert all(getattr(kernel.spec, key) == value for key, value in options.items())
 
 
-def test_only_stored_entries_are_computed():
-    a = sp.hstack([random_csr(300, 199, 0.1, seed=8, empty_rows=0.3), sp.csr_matrix((300, 1))]).tocsr()
+def check_unsampled_products_stay_out(density: float, **options):
+    """inf rows of A where A's rows are empty and a NaN row of B for a column no row samples:
+    products the pattern does not sample must not reach the output."""
+    a = sp.hstack([random_csr(300, 199, density, seed=8, empty_rows=0.3), sp.csr_matrix((300, 1))]).tocsr()
     a = a.astype(np.float32)
     x, y = operands(a, 64, "float32")
     x[np.diff(a.indptr) == 0] = np.inf  # empty rows
     y[199] = np.nan  # a column no row samples
-    kernel = sparsegen.compile(a, op="sddmm", k=64, backend="gpu")
+    kernel = sparsegen.compile(a, op="sddmm", k=64, backend="gpu", options=options)
     out = kernel(x, y)
     assert np.isfinite(out).all()
     assert rel_error(out, reference(a, x, y)) <= TOL["float32"]
+
+
+def test_only_stored_entries_are_computed():
+    check_unsampled_products_stay_out(0.1)
 
 
 @pytest.mark.parametrize("via", ["numpy", "pycuda", "torch"])
