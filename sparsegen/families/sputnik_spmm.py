@@ -168,14 +168,15 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     many = many_long_rows(m, k, mean, f16)
     groups = group_budget(n, tile_n, width, target)
     longest = stats.row_lengths.max
+    alike = row_split(m, n, tile_n, width, target)
     skewed = (balance is None and ksplit is None and not f16 and m < groups and longest >= BALANCE_MAX_OVER_MEAN * mean
-              and longest > CHUNK * row_split(m, n, tile_n, width, target))
-    balanced = bool(piece) or (balance == 1 or skewed) and not many
+              and longest > CHUNK * alike)
+    balanced = bool(piece) or ((balance == 1 or skewed) and not many)
     budget = groups if balanced and not piece else 0
     if balanced:
-        ksplit = most_split(stats.row_lengths.max, stats.nnz, budget, piece or 0, ksplit or MAX_KSPLIT)
+        ksplit = most_split(longest, stats.nnz, budget, piece or 0, ksplit or MAX_KSPLIT)
     elif ksplit is None:
-        ksplit = 1 if many else row_split(m, n, tile_n, width, target)
+        ksplit = 1 if many else alike
     rows = max(1, (block or BLOCK_THREADS) // (width * ksplit))
     small_grid = warps(m, n, tile_n, width, ksplit) <= MANY_ROWS_CHUNK_WARPS
     many_chunk = many and chunk is None and small_grid
