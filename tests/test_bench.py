@@ -758,3 +758,41 @@ def test_sleep_calibration_cached():
     n = len(gpu.log)
     assert timing.calibrate_sleep(gpu) == rate
     assert len(gpu.log) == n
+
+
+class StallingSimGpu(SimGpu):
+    """A SimGpu whose host turns slow after warm-up (once the first spin is enqueued): every
+    `every`-th call of fn then costs `stall_us` of host time instead of host_us (another process
+    on the core, a thread holding the GIL)."""
+
+    def __init__(self, *args, every: int, stall_us: float, **kw):
+        super().__init__(*args, **kw)
+        self.every, self.stall_us, self.calls = every, stall_us, 0
+
+    def fn(self):
+        self.calls += 1
+        self.log.append("fn")
+        stalls = "sleep" in self.log and self.calls % self.every == 0
+        host = self.stall_us if stalls else self.host_us
+        self._enqueue(self.kernel_us, host)
+
+
+def test_timing_sets_aside_samples_whose_submit_outlasted_the_spin():
+    # The warm-up sees a 40 us submit; later every second call takes 400 us of host time, longer
+    # than the spin sized from warm-up, so half the samples would hold host time.
+    gpu = StallingSimGpu(kernel_us=10.0, host_us=40.0, every=2, stall_us=400.0)
+    r = timing.time_cuda(gpu.fn, backend=gpu)
+    assert r["median_ms"] == pytest.approx(0.010, rel=1e-6)
+    assert r["runs"] >= 20 and r["set_aside"] > 0
+    assert r["host_ms"] == pytest.approx(0.044, rel=0.01)  # warm-up saw no stall
+    assert r["sleep_us"] > 1.5 * 44 + 20 + 1            # the spin grew past the warm-up's size
+    assert not r["host_bound"]
+
+
+def test_timing_keeps_covered_samples_and_flags_a_host_slower_than_any_spin():
+    gpu = StallingSimGpu(kernel_us=10.0, host_us=40.0, every=2, stall_us=400.0)
+    r = timing.time_cuda(gpu.fn, backend=gpu, sleep_us=timing.MAX_SLEEP_US)
+    assert r["median_ms"] == pytest.approx(0.010, rel=1e-6) and r["set_aside"] == 0
+    slow = StallingSimGpu(kernel_us=10.0, host_us=40.0, every=1, stall_us=20_000.0)
+    r2 = timing.time_cuda(slow.fn, backend=slow, min_runs=5, min_ms=1)
+    assert r2["host_bound"] and r2["sleep_us"] == timing.MAX_SLEEP_US

@@ -27,6 +27,17 @@ The timed phase then launches at least `min_runs` times and for at least `min_ms
 counted from the first start event to the last end event (spins included), synchronising once at
 the end of the batch; it reads every event pair after that one synchronisation. If the first
 batch covered less than `min_ms` (its size is estimated from warm-up), another batch follows.
+
+Samples the spin may not have covered
+-------------------------------------
+The warm-up's submit time is a median; a host that is busy later (other processes compiling on
+every core, a thread holding the GIL) can take longer than the spin to submit one launch, and that
+sample then holds host time. The host clock is read around each timed iteration, from just before
+the spin is enqueued to just after the end event is recorded; if that took at least the spin's
+length, the spin may have ended before the launch was queued, so the sample is set aside. Only the
+other samples are reported; when more than `MAX_SUSPECT_FRACTION` of a batch is set aside, the spin
+is doubled for the next batch and the runs continue until `min_runs` clean samples are in hand (at
+`MAX_SLEEP_US` the remaining samples are kept, marked by "host_bound").
 """
 from __future__ import annotations
 
@@ -34,7 +45,7 @@ import math
 import statistics
 import time
 
-__all__ = ["time_cuda", "TorchCudaBackend", "calibrate_sleep"]
+__all__ = ["time_cuda", "TorchCudaBackend", "calibrate_sleep", "RECORDED_KEYS"]
 
 # Spin length bounds (microseconds) and the spin used to calibrate cycles per microsecond.
 BASE_SLEEP_US = 50.0
@@ -42,6 +53,9 @@ MAX_SLEEP_US = 10_000.0
 _CALIBRATION_CYCLES = 1_000_000
 MAX_RUNS = 100_000
 MAX_WARMUP_RUNS = 100_000
+# What the benchmarks keep of each measurement besides its median and minimum.
+RECORDED_KEYS = ("runs", "sleep_us", "host_ms", "set_aside", "host_bound")
+MAX_SUSPECT_FRACTION = 0.1  # more samples than this set aside in a batch: double the spin
 
 _cycles_per_us_cache: dict = {}
 
@@ -97,9 +111,11 @@ def time_cuda(fn, *, min_runs: int = 20, min_ms: float = 100.0, warmup_runs: int
               warmup_ms: float = 25.0, sleep_us: float | None = None, backend=None) -> dict:
     """Time single launches of `fn` with CUDA events; see the module docstring for the method.
 
-    Returns {"median_ms", "min_ms", "runs", "sleep_us", "host_ms", "warmup_runs"}: median and
-    minimum GPU time of one launch over `runs` timed launches, the spin used before each, and the
-    median host-side submit time of one call (measured in warm-up).
+    Returns {"median_ms", "min_ms", "runs", "sleep_us", "host_ms", "warmup_runs", "set_aside",
+    "host_bound"}: median and minimum GPU time of one launch over `runs` timed launches the spin
+    covered, the spin used last, the median host-side submit time of one call (measured in
+    warm-up), how many samples were set aside because their submit outlasted the spin, and whether
+    fewer than `min_runs` clean samples could be had.
     `sleep_us` forces the spin length (0 disables it); `backend` replaces the torch backend (tests).
     """
     be = backend if backend is not None else TorchCudaBackend()
@@ -133,26 +149,43 @@ def time_cuda(fn, *, min_runs: int = 20, min_ms: float = 100.0, warmup_runs: int
     per_iter_ms = max(sleep_us / 1e3 + kernel_est_ms, host_ms, 1e-4)
     runs_wanted = max(min_runs, math.ceil(min_ms / per_iter_ms))
     times: list[float] = []
+    suspect = 0
     span_ms = 0.0
     while True:
-        batch = max(1, min(runs_wanted - len(times), MAX_RUNS - len(times)))
+        batch = max(1, min(runs_wanted - len(times), MAX_RUNS - len(times) - suspect))
         starts = [be.event() for _ in range(batch)]
         ends = [be.event() for _ in range(batch)]
+        submit_s = [0.0] * batch
         for i in range(batch):
+            h0 = clock()
             be.sleep(cycles)
             starts[i].record()
             fn()
             ends[i].record()
+            submit_s[i] = clock() - h0
         be.synchronize()
-        times.extend(s.elapsed_time(e) for s, e in zip(starts, ends))
+        covered = [sleep_us <= 0 or h * 1e6 < sleep_us for h in submit_s]
+        batch_suspect = covered.count(False)
+        times.extend(s.elapsed_time(e) for s, e, ok in zip(starts, ends, covered) if ok)
+        suspect += batch_suspect
         batch_span = starts[0].elapsed_time(ends[-1])
         span_ms += batch_span
-        if len(times) >= MAX_RUNS or (len(times) >= min_runs and span_ms >= min_ms):
+        if batch_suspect > MAX_SUSPECT_FRACTION * batch:
+            if sleep_us >= MAX_SLEEP_US:
+                break  # the longest spin does not cover the host: keep what was covered
+            sleep_us = min(2.0 * sleep_us, MAX_SLEEP_US)  # the host is slower than warm-up said
+            cycles = int(round(calibrate_sleep(be) * sleep_us))
+        if len(times) + suspect >= MAX_RUNS:
             break
-        # Too short (the warm-up estimate was off): size the next batch from this one.
+        if len(times) >= min_runs and span_ms >= min_ms:
+            break
+        # Too short (the warm-up estimate was off, or samples set aside): size the next batch.
         per_iter_ms = max(batch_span / batch, 1e-4)
         runs_wanted = len(times) + max(1, math.ceil((min_ms - span_ms) / per_iter_ms),
                                        min_runs - len(times))
+    host_bound = len(times) < min_runs
+    if not times:  # nothing the spin covered, even at MAX_SLEEP_US: report what was measured
+        times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
     return {
         "median_ms": statistics.median(times),
         "min_ms": min(times),
@@ -160,4 +193,6 @@ def time_cuda(fn, *, min_runs: int = 20, min_ms: float = 100.0, warmup_runs: int
         "sleep_us": round(sleep_us, 1),
         "host_ms": host_ms,
         "warmup_runs": len(host_s),
+        "set_aside": suspect,
+        "host_bound": host_bound,
     }
