@@ -124,6 +124,21 @@ def warp_k_grid(fam_name: str, n: int) -> list[tuple[str, dict]]:
     return out
 
 
+def bn_grid(fam_name: str, n: int) -> list[tuple[str, dict]]:
+    """`--sweep bn`: the default, and narrower column blocks (options bn=: N / 2 and N / 4 columns per
+    block, several blocks per row tile re-reading its W), also with 256-row tiles where the
+    accumulators allow (each warp's X fragments then serve four m16 fragments instead of two)."""
+    out = [(fam_name, {})]
+    full = T.block_n(n)
+    for bn in (full // 2, full // 4):
+        if bn < 8:
+            continue
+        out.append((f"{fam_name}.bn{bn}", {"bn": bn}))
+        if T.accumulators(256, bn) <= T.MAX_ACCUMULATORS:
+            out.append((f"{fam_name}.bn{bn}.t256", {"bn": bn, "tile_m": 256}))
+    return out
+
+
 def wgmma_grid(fam_name: str) -> list[tuple[str, dict]]:
     """`--sweep wgmma`: the default (mma.sync) and the same spec with warpgroup MMA (options wgmma=)."""
     return [(fam_name, {"wgmma": False}), (f"{fam_name}.wg", {"wgmma": True})]
@@ -230,7 +245,7 @@ def main() -> int:
     ap.add_argument("--sparsity", type=float, nargs="*", default=SPARSITIES)
     ap.add_argument("--n", type=int, nargs="*", default=NS)
     ap.add_argument("--shapes", type=str, nargs="*", default=None, help="MxK, e.g. 7168x7168")
-    ap.add_argument("--sweep", choices=("all", "some", "none", "split", "warpk", "wgmma"), default="some",
+    ap.add_argument("--sweep", choices=("all", "some", "none", "split", "warpk", "wgmma", "bn"), default="some",
                     help="forced variants for every (W, N), for N in {16, 64} (default), or none; "
                          "split: the --splits x --heights grid (atomics) for every (W, N); "
                          "warpk: Tiled-CSL with its warps in 1, 2 and 4 k-groups (options warp_k=); "
@@ -272,6 +287,8 @@ def main() -> int:
                     grid = warp_k_grid(fam_name, n)
                 elif args.sweep == "wgmma":
                     grid = wgmma_grid(fam_name)
+                elif args.sweep == "bn":
+                    grid = bn_grid(fam_name, n)
                 else:
                     grid = variants(fam_name, stats[key], n, full, key[2])
                 for label, options in grid:

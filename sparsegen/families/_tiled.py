@@ -180,6 +180,11 @@ def block_n(n: int) -> int:
     return bn
 
 
+def request_bn(request: Request) -> int:
+    """Columns per block: options bn= (8, 16, 32 or 64, at most `block_n(n)`), else `block_n(n)`."""
+    return int(request.option("bn", block_n(request.n)))
+
+
 def request_warps(request: Request) -> int:
     """Warps per block the request asks for (options warps=), else WARPS."""
     return int(request.option("warps", WARPS))
@@ -249,6 +254,10 @@ def gate(stats, request: Request):
     if request.option("tile_m") is not None and request.option("tile_m") < 16 * row_groups:
         return decline(f"options tile_m={request.option('tile_m')} with {warps} warps in {row_groups} row groups: "
                        f"each group needs 16 rows")
+    bn = request.option("bn")
+    if bn is not None and (bn not in (8, 16, 32, 64) or bn > block_n(request.n)):
+        return decline(f"options bn={bn!r}: expected 8, 16, 32 or 64, at most {block_n(request.n)} "
+                       f"(N = {request.n} rounded up to a power of two)")
     for name, allowed in (("tile_m", (64, 128, 256)), ("split_k", None), ("reduction", REDUCTIONS)):
         value = request.option(name)
         if value is None:
@@ -258,9 +267,9 @@ def gate(stats, request: Request):
         if allowed is not None and value not in allowed:
             return decline(f"options {name}={value!r}: expected one of {allowed}")
     tile_m = request.option("tile_m") or 128  # the tallest height the chooser takes unasked
-    acc = accumulators(tile_m, block_n(request.n), warps, warp_k)
+    acc = accumulators(tile_m, request_bn(request), warps, warp_k)
     if acc > MAX_ACCUMULATORS:
-        return decline(f"options tile_m={tile_m}, warps={warps}, warp_k={warp_k} with {block_n(request.n)} columns "
+        return decline(f"options tile_m={tile_m}, warps={warps}, warp_k={warp_k} with {request_bn(request)} columns "
                        f"per block: {acc} fp32 accumulators per thread, at most {MAX_ACCUMULATORS} (spills); more "
                        f"row groups (options warps=8, fewer k-groups) divide them")
     return None

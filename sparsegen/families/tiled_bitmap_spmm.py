@@ -108,7 +108,7 @@ def cost(stats, request: Request, tile_m: int, bn: int) -> T.Cost:
 
 def choose(stats, request: Request) -> tuple[Spec, str]:
     n, (m, k) = request.n, stats.shape
-    bn = T.block_n(n)
+    bn = T.request_bn(request)
     sms = sm_count(request.arch)
     warps = T.request_warps(request)
     vcap_est = -(-max(stats.tiles.max_nnz, 8) // 8) * 8  # the fullest analysed 128 x 64 tile

@@ -119,7 +119,7 @@ def cost(stats, request: Request, tile_m: int, bn: int) -> T.Cost:
 
 def choose(stats, request: Request) -> tuple[Spec, str]:
     n, (m, k) = request.n, stats.shape
-    bn = T.block_n(n)
+    bn = T.request_bn(request)
     k_tiles = -(-k // T.TILE_K)
     warps, warp_k = T.request_warps(request), T.request_warp_k(request)
     vectors = -(-stats.tiles.max_nnz // 4)  # the fullest analysed 128 x 64 tile, in uint4 of words
