@@ -316,6 +316,23 @@ def test_options_force_split_and_reduction_and_steps_follow():
     assert [s.kernel for s in fam.steps(kernel.spec, kernel.plan)] == ["tiled_csl_spmm"]
 
 
+@pytest.mark.parametrize("family", ["tiled_csl_spmm", "tiled_bitmap_spmm"])
+def test_option_bn_narrows_column_blocks_and_is_checked(family):
+    """options bn= sets the columns per block (several column blocks per row tile); values that are
+    not an mma-friendly power of two or exceed N rounded up are declined by name."""
+    a = random_csr(200, 300, 0.3, seed=21)
+    x = host_x(np.random.default_rng(3), 300, 40, "float16")
+    kernel = sparsegen.compile(a, n=40, dtype="float16", backend="emulate", options={"family": family, "bn": 16})
+    assert kernel.spec.bn == 16 and kernel.spec.n_tiles == 3 and ".bn16." in kernel.spec.name
+    assert "constexpr int BN = 16;" in kernel.source
+    assert rel_error(kernel(x), reference(rounded_half(a, "float16"), x.astype(np.float32))) <= TOL["float16"]
+    for bad in (12, 128):
+        with pytest.raises(UnsupportedError, match=f"bn={bad}"):
+            sparsegen.compile(a, n=40, dtype="float16", backend="emulate", options={"family": family, "bn": bad})
+    with pytest.raises(UnsupportedError, match="at most 16"):
+        sparsegen.compile(a, n=9, dtype="float16", backend="emulate", options={"family": family, "bn": 32})
+
+
 def test_api_compile_emulate_and_describe():
     a = random_csr(200, 300, 0.3, seed=12)
     kernel = sparsegen.compile(a, n=32, dtype="float16", backend="emulate", options={"family": "tiled_csl_spmm"})
