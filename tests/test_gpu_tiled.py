@@ -129,6 +129,21 @@ def test_eight_warp_blocks(family, n, tile_m, reduction):
     assert kernel.spec.warps == 8 and kernel.spec.tile_m == tile_m and ".w8" in kernel.spec.name
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("n,bn,tile_m,reduction", [(64, 16, 128, "cluster"), (40, 8, 256, "atomic"),
+                                                   (30, 16, 64, "two_step"), (100, 32, 128, "none")])
+def test_narrow_column_blocks(family, n, bn, tile_m, reduction):
+    """options bn= below N rounded up: several column blocks per row tile (the last one partial),
+    full, empty and sparse tiles, every reduction, bias + ReLU, repeat calls."""
+    dense = np.random.default_rng(5).standard_normal((128, 64))
+    a = sp.csr_matrix(sp.block_diag([dense, np.zeros((128, 64)), random_csr(300, 700, 0.3, seed=6).toarray(), dense]))
+    a.eliminate_zeros()
+    split = {"split_k": 3, "reduction": reduction} if reduction != "none" else {}
+    kernel = run_check(a, n, family, bias=np.linspace(-1, 1, a.shape[0]), relu=True, calls=2, bn=bn, tile_m=tile_m,
+                       **split)
+    assert kernel.spec.bn == bn and kernel.spec.n_tiles == -(-n // bn)
+
+
 @pytest.mark.parametrize("n,warp_k,tile_m,warps,reduction", [
     (8, 4, 128, 4, "atomic"), (16, 4, 64, 4, "cluster"), (13, 4, 128, 4, "two_step"), (32, 2, 128, 4, "none"),
     (24, 2, 64, 4, "atomic"), (16, 4, 128, 8, "cluster"), (1, 2, 128, 4, "atomic")])
