@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from sparsegen.bench.timing import RECORDED_KEYS
+from sparsegen.bench.timing import recorded
 from sparsegen.errors import SparsegenError, UnsupportedError
 
 NAME = "dlmc"
@@ -571,8 +571,7 @@ class _GpuMatrix:
             t = self._time(fn)
             rec["ms"][name] = t["median_ms"]
             rec["ms_min"][name] = t["min_ms"]
-            rec.setdefault("timing", {})[name] = {k: t[k] for k in RECORDED_KEYS
-                                                  if k in t}
+            rec.setdefault("timing", {})[name] = recorded(t)
         except Exception as exc:
             rec.setdefault("baseline_notes", {})[name] = _message(exc)
 
@@ -637,8 +636,7 @@ class _GpuMatrix:
                 tm = self._time(lambda: kern(x, out=y))
                 rec["ms"]["sparsegen"] = tm["median_ms"]
                 rec["ms_min"]["sparsegen"] = tm["min_ms"]
-                rec["timing"] = {"sparsegen": {k: tm[k] for k in RECORDED_KEYS
-                                               if k in tm}}
+                rec["timing"] = {"sparsegen": recorded(tm)}
                 del y
             except Exception as exc:
                 rec["status"] = "failed"
@@ -715,8 +713,7 @@ class _GpuMatrix:
                 tm = self._time(lambda: kern(a, b))
                 rec["ms"]["sparsegen"] = tm["median_ms"]
                 rec["ms_min"]["sparsegen"] = tm["min_ms"]
-                rec["timing"] = {"sparsegen": {k_: tm[k_] for k_ in RECORDED_KEYS
-                                               if k_ in tm}}
+                rec["timing"] = {"sparsegen": recorded(tm)}
             except Exception as exc:
                 rec["status"] = "failed"
                 rec["_final_status"] = True

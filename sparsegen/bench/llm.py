@@ -53,8 +53,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsegen.bench import report
-from sparsegen.bench.timing import RECORDED_KEYS
 from sparsegen.bench.dlmc import _join, _message, relative_error, seed_for
+from sparsegen.bench.timing import recorded
 from sparsegen.errors import FormatError, SparsegenError, UnsupportedError
 
 NAME = "llm"
@@ -1140,7 +1140,7 @@ class _GpuWeight:
             rec["note"] = _join(rec.get("note"), f"{name} launch failed: {_message(exc)}")
             return None
         rec["ms"][name], rec["ms_min"][name] = tm["median_ms"], tm["min_ms"]
-        rec["timing"][name] = {k: tm[k] for k in RECORDED_KEYS if k in tm}
+        rec["timing"][name] = recorded(tm)
         return err
 
     def _baseline(self, rec, name, fn, check, cap_ms=None):
@@ -1162,7 +1162,7 @@ class _GpuWeight:
                 return
             t = self.ex.timer(fn)
             rec["ms"][name], rec["ms_min"][name] = t["median_ms"], t["min_ms"]
-            rec["timing"][name] = {k: t[k] for k in RECORDED_KEYS if k in t}
+            rec["timing"][name] = recorded(t)
         except Exception as exc:
             rec.setdefault("baseline_notes", {})[name] = _message(exc)
 

@@ -45,7 +45,7 @@ import math
 import statistics
 import time
 
-__all__ = ["time_cuda", "TorchCudaBackend", "calibrate_sleep", "RECORDED_KEYS"]
+__all__ = ["time_cuda", "TorchCudaBackend", "calibrate_sleep", "recorded"]
 
 # Spin length bounds (microseconds) and the spin used to calibrate cycles per microsecond.
 BASE_SLEEP_US = 50.0
@@ -82,6 +82,11 @@ class TorchCudaBackend:
     @staticmethod
     def clock() -> float:
         return time.perf_counter()
+
+
+def recorded(result: dict) -> dict:
+    """What the benchmarks keep of a `time_cuda` result besides its median and minimum."""
+    return {k: result[k] for k in RECORDED_KEYS if k in result}
 
 
 def calibrate_sleep(backend) -> float:
