@@ -42,6 +42,17 @@ def test_misaligned_row_starts_and_short_rows(dtype, n):
     check(staircase(301, 500, n), n, dtype)
 
 
+@pytest.mark.parametrize("prefetch", [0, 1])
+@pytest.mark.parametrize("n,options", [(1, {}), (7, {}), (32, {}), (128, {}), (32, {"ksplit": 8}),
+                                       (32, {"piece": 24}), (256, {"chunk": 64})])
+def test_prefetched_and_plain_chunks_agree_with_scipy(prefetch, n, options):
+    """Both loops, forced either way, over misaligned starts, rows shorter than a vector, rows
+    ending mid-chunk, rows split across groups, and rows of many chunks."""
+    a = sp.vstack([staircase(301, 700, n), random_csr(40, 700, 0.5, seed=n)]).tocsr()
+    kernel = check(a, n, prefetch=prefetch, **options)
+    assert kernel.spec.prefetch == bool(prefetch)
+
+
 @pytest.mark.parametrize("ksplit", [1, 2, 4, 8, 16])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_every_row_split_adds_the_shares(ksplit, dtype):

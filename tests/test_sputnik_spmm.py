@@ -228,6 +228,31 @@ def test_source_names_its_constants():
     assert "order" not in src.split("sputnik_spmm(")[1].split(")")[0]
 
 
+def test_prefetch_by_default_for_float32_at_narrow_n():
+    a = random_csr(512, 2048, 0.2, seed=7)
+    narrow, wide = spec_for(a, 32), spec_for(a, 128)
+    assert narrow.prefetch and ".b16.pf.i32s" in narrow.name and not wide.prefetch and ".pf" not in wide.name
+    assert not spec_for(a, 32, dtype="float16").prefetch  # measured in float32 only
+    assert "the next chunk loaded while this one computes" in select(
+        analyze(a), op="spmm", n=32, options=(("family", "sputnik_spmm"),)).reason
+    assert not spec_for(a, 32, prefetch=0).prefetch and spec_for(a, 128, prefetch=1).prefetch
+    assert not spec_for(a, 32, balance=1).prefetch and spec_for(a, 32, balance=1, prefetch=1).prefetch  # measured slower
+    with pytest.raises(UnsupportedError, match="options prefetch=2: expected 0 or 1"):
+        spec_for(a, 32, prefetch=2)
+
+
+def test_prefetch_source_loads_the_next_chunk_before_the_x_loads():
+    a = random_csr(512, 2048, 0.2, seed=7)
+    src = render(spec_for(a, 32)).split("*/", 1)[1]
+    loop = src.split("Software-pipelined sparse row")[1]
+    assert "fetch_chunk(next, indices, values, aligned + ks * CHUNK" in loop  # chunk 0 before the loop
+    whole = loop.split("put<false>(s_o, s_v, next")[1]
+    assert whole.index("fetch_chunk(next, indices, values, c + step") < whole.index("__ldg(reinterpret_cast<const xvec_t*>")
+    assert "stage<false>(s_o, s_v, indices" not in loop
+    plain = render(spec_for(a, 32, prefetch=0)).split("*/", 1)[1]
+    assert "fetch_chunk" not in plain and "struct Chunk" not in plain  # the kernel of before, text for text
+
+
 SHAPES = [  # (m, k, density, n, dtype, options): one per code path the rule can pick
     (512, 2048, 0.2, 128, "float32", {}),  # ksplit 8, prescaled
     (3000, 300, 0.05, 1, "float32", {}),  # one thread per row, 4-wide sparse loads
@@ -239,6 +264,8 @@ SHAPES = [  # (m, k, density, n, dtype, options): one per code path the rule can
     (400, 900, 0.3, 128, "float16", {"chunk": 128, "block": 256}),  # 4-wide sparse loads, 8 rows a block
     (400, 900, 0.3, 1024, "float32", {"piece": 32}),  # split per row, 16 at most
     (400, 900, 0.3, 40, "float16", {"balance": 1}),  # split per row, narrow groups, column residue
+    (400, 900, 0.3, 32, "float32", {}),  # prefetched chunks
+    (400, 900, 0.3, 20, "float32", {"piece": 32}),  # prefetched chunks, split per row
 ]
 
 

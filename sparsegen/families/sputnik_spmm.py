@@ -72,6 +72,14 @@ MANY_ROWS_MEAN = 256  # nonzeros per row, at least
 MANY_ROWS_CHUNK_WARPS = 8192  # grid warps up to which 64-nonzero chunks pay
 MANY_ROWS_CHUNK = 64
 MANY_ROWS_BATCH = 8
+# Prefetch (software-pipelined sparse row: the next chunk's indices and values in flight while this
+# chunk's X loads are) for float32 at n <= 32 with every row split alike, where a chunk's X loads
+# are short and the row's dependent loads set the time. Measured against the same kernel without
+# it, both forced, in one process (probes/spmm_sweep_prefetch_n32.txt, every DLMC matrix at n = 32):
+# rows split alike 1.12x (56 matrices, 1.01-1.18x, none slower); split per row (`balanced`, mostly
+# one chunk a group) 0.88x, so those stay plain. At n >= 128 it is no gain (DLMC 1.00-1.02x, random
+# squares 0.80-1.03x: probes/spmm_sweep_prefetch_wide.txt).
+PREFETCH_MAX_N = 32
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,7 @@ class Spec(KernelSpec):
     relu: bool = False
     budget: int = 0  # > 0: rows split per row within this many row groups per column tile (ksplit the most)
     piece: int = 0  # > 0: rows split per row, <= piece nonzeros a group (ksplit the most); see `balanced`
+    prefetch: bool = False  # the next chunk's indices and values loaded while this chunk's X loads are in flight
 
     @property
     def balanced(self) -> bool:
@@ -105,7 +114,7 @@ class Spec(KernelSpec):
         idx = f"i{self.index_bits}" + ("s" if self.prescaled else "") + ("w" if self.wide else "")
         split = f"ks{self.ksplit}" + (f"p{self.piece}" if self.piece else f"g{self.budget}" if self.budget else "")
         return (f"{FAMILY}.{self.dtype}.n{self.n}.v{self.vec}.w{self.width}.{split}.r{self.rows}"
-                f".c{self.chunk}x{self.sv}.b{self.batch}.{idx}{'.swz' if self.swizzle else ''}{epi}")
+                f".c{self.chunk}x{self.sv}.b{self.batch}{'.pf' if self.prefetch else ''}.{idx}{'.swz' if self.swizzle else ''}{epi}")
 
     @property
     def tile_n(self) -> int:
@@ -154,10 +163,10 @@ def many_long_rows(m: int, k: int, mean: float, f16: bool) -> bool:
 
 def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: int | None = None,
            chunk: int | None = None, batch: int | None = None, block: int | None = None,
-           balance: int | None = None, piece: int | None = None) -> tuple[Spec, str]:
+           balance: int | None = None, piece: int | None = None, prefetch: bool | None = None) -> tuple[Spec, str]:
     """Vector width and tile from n and the dtype, the row split from how many warps the rows
     alone give, indices from the column count; `ksplit`, `tile_bytes`, `chunk`, `batch`, `block`
-    (threads per block), `balance` (1: split per row, 0: alike) and `piece` override (tuning)."""
+    (threads per block), `balance` (1: split per row, 0: alike), `piece` and `prefetch` override (tuning)."""
     f16 = request.dtype == "float16"
     itemsize = 2 if f16 else 4
     n, (m, k) = request.n, stats.shape
@@ -188,8 +197,10 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     prescaled = index_bits == 32 and not wide
     swizzle = balanced or stats.row_lengths.cov > SWIZZLE_COV
     batch = min(chunk, batch or (MANY_ROWS_BATCH if many_batch else BATCH_BYTES // (vec * itemsize)))
+    if prefetch is None:
+        prefetch = not f16 and n <= PREFETCH_MAX_N and not balanced
     spec = Spec(request.short_dtype, n, vec, width, ksplit, rows, chunk, sv, batch, index_bits, prescaled, wide,
-                swizzle, request.bias, request.relu, budget, piece or 0)
+                swizzle, request.bias, request.relu, budget, piece or 0, bool(prefetch))
     tiles = -(-n // tile_n)
     reason = (f"rows avg {mean:.1f} nnz (CoV {stats.row_lengths.cov:.2f}), n={n}: {vec}-wide loads, "
               f"{width} thread{'s' if width > 1 else ''} x {tile_n} column{'s' if tile_n > 1 else ''} per row group ({tiles} tile{'s' if tiles > 1 else ''})")
@@ -204,7 +215,8 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
         reason += (f", {spec.ksplit} groups per row ({m} rows alone give {warps(m, n, tile_n, width, 1)} warps; "
                    f"split while the grid stays within {target} for {sm_count(request.arch)} SMs)")
     reason += (f"; {chunk}-nonzero chunks by {sv}-wide loads, {spec.batch} loads of X in flight"
-               f"{f' ({m} x {k}, rows unsplit: measured faster)' if many_chunk or many_batch else ''}; {index_bits}-bit indices"
+               f"{f' ({m} x {k}, rows unsplit: measured faster)' if many_chunk or many_batch else ''}"
+               f"{'; the next chunk loaded while this one computes' if spec.prefetch else ''}; {index_bits}-bit indices"
                f"{' pre-scaled by n' if prescaled else ''}; "
                f"{'rows swizzled longest first' if swizzle else 'rows in order'}")
     return spec, reason
@@ -233,8 +245,11 @@ def _rule(stats, request: Request):
         return decline(f"options piece={piece!r}: expected nonzeros per row group, 1 to {1 << 20}")
     if piece is not None and balance == 0:
         return decline("options piece with balance=0: a piece size splits rows per row")
+    prefetch = request.option("prefetch")
+    if prefetch not in (None, 0, 1):  # True and False compare equal to 1 and 0
+        return decline(f"options prefetch={prefetch!r}: expected 0 or 1 (load the next chunk while this one computes)")
     spec, reason = choose(stats, request, ksplit=ksplit, tile_bytes=tile_bytes, chunk=chunk, batch=batch, block=block,
-                          balance=balance, piece=piece)
+                          balance=balance, piece=piece, prefetch=prefetch)
     if request.option("family") == FAMILY:
         return accept(spec, reason)
     mean = stats.row_lengths.mean
