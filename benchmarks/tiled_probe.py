@@ -139,6 +139,15 @@ def bn_grid(fam_name: str, n: int) -> list[tuple[str, dict]]:
     return out
 
 
+def tall_grid(fam_name: str, n: int) -> list[tuple[str, dict]]:
+    """`--sweep tall`: the default and 256-row tiles with 4 warps (64 rows, four m16 fragments per warp:
+    each warp's B fragments serve twice the rows), at any N the accumulator cap (--max-acc) allows."""
+    out = [(fam_name, {})]
+    if T.accumulators(256, T.block_n(n)) <= T.MAX_ACCUMULATORS:
+        out.append((f"{fam_name}.t256", {"tile_m": 256}))
+    return out
+
+
 def wgmma_grid(fam_name: str) -> list[tuple[str, dict]]:
     """`--sweep wgmma`: the default (mma.sync) and the same spec with warpgroup MMA (options wgmma=)."""
     return [(fam_name, {"wgmma": False}), (f"{fam_name}.wg", {"wgmma": True})]
@@ -245,7 +254,7 @@ def main() -> int:
     ap.add_argument("--sparsity", type=float, nargs="*", default=SPARSITIES)
     ap.add_argument("--n", type=int, nargs="*", default=NS)
     ap.add_argument("--shapes", type=str, nargs="*", default=None, help="MxK, e.g. 7168x7168")
-    ap.add_argument("--sweep", choices=("all", "some", "none", "split", "warpk", "wgmma", "bn"), default="some",
+    ap.add_argument("--sweep", choices=("all", "some", "none", "split", "warpk", "wgmma", "bn", "tall"), default="some",
                     help="forced variants for every (W, N), for N in {16, 64} (default), or none; "
                          "split: the --splits x --heights grid (atomics) for every (W, N); "
                          "warpk: Tiled-CSL with its warps in 1, 2 and 4 k-groups (options warp_k=); "
@@ -253,8 +262,12 @@ def main() -> int:
     ap.add_argument("--splits", type=int, nargs="*", default=[1, 2, 4, 7, 14, 28])
     ap.add_argument("--heights", type=int, nargs="*", default=[128])
     ap.add_argument("--warps", type=int, nargs="*", default=[4])
+    ap.add_argument("--max-acc", type=int, default=None,
+                    help="raise the families' cap on fp32 accumulators per thread (sparsegen's is 64)")
     ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 4))
     args = ap.parse_args()
+    if args.max_acc is not None:
+        T.MAX_ACCUMULATORS = args.max_acc  # the gate reads it at call time
     shapes = SHAPES[:1] if args.quick else SHAPES
     if args.shapes:
         shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes]
@@ -287,6 +300,8 @@ def main() -> int:
                     grid = warp_k_grid(fam_name, n)
                 elif args.sweep == "wgmma":
                     grid = wgmma_grid(fam_name)
+                elif args.sweep == "tall":
+                    grid = tall_grid(fam_name, n)
                 elif args.sweep == "bn":
                     grid = bn_grid(fam_name, n)
                 else:
