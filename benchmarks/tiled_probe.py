@@ -104,7 +104,7 @@ def split_grid(fam_name: str, stats, n: int, splits, heights, warps=(4,)) -> lis
     k_tiles = -(-stats.shape[1] // T.TILE_K)
     for w in warps:
         for h in heights:
-            if h < 16 * w or (h == 256 and w == 4 and n > 32):
+            if h < 16 * w or T.accumulators(h, T.block_n(n), w) > T.MAX_ACCUMULATORS:
                 continue
             for s in splits:
                 if s == 1 or k_tiles // s >= 2:
@@ -145,6 +145,18 @@ def tall_grid(fam_name: str, n: int) -> list[tuple[str, dict]]:
     out = [(fam_name, {})]
     if T.accumulators(256, T.block_n(n)) <= T.MAX_ACCUMULATORS:
         out.append((f"{fam_name}.t256", {"tile_m": 256}))
+    return out
+
+
+def reduction_grid(fam_name: str, stats, n: int) -> list[tuple[str, dict]]:
+    """`--sweep reduction`: the default, and where it splits K, the same split reduced by fp32 atomics,
+    by a second launch and by a thread block cluster (at most 8 blocks)."""
+    out = [(fam_name, {})]
+    base, _ = FAMILIES[fam_name].choose(stats, Request("spmm", n=n, dtype="float16", arch=ARCH))
+    if base.split_k > 1:
+        for how in ("atomic", "two_step", "cluster"):
+            if base.reduction != how and (how != "cluster" or base.split_k <= T.MAX_CLUSTER):
+                out.append((f"{fam_name}.{how}", {"split_k": base.split_k, "reduction": how}))
     return out
 
 
@@ -254,7 +266,7 @@ def main() -> int:
     ap.add_argument("--sparsity", type=float, nargs="*", default=SPARSITIES)
     ap.add_argument("--n", type=int, nargs="*", default=NS)
     ap.add_argument("--shapes", type=str, nargs="*", default=None, help="MxK, e.g. 7168x7168")
-    ap.add_argument("--sweep", choices=("all", "some", "none", "split", "warpk", "wgmma", "bn", "tall"), default="some",
+    ap.add_argument("--sweep", choices=("all", "some", "none", "split", "warpk", "wgmma", "bn", "tall", "reduction"), default="some",
                     help="forced variants for every (W, N), for N in {16, 64} (default), or none; "
                          "split: the --splits x --heights grid (atomics) for every (W, N); "
                          "warpk: Tiled-CSL with its warps in 1, 2 and 4 k-groups (options warp_k=); "
@@ -300,6 +312,8 @@ def main() -> int:
                     grid = warp_k_grid(fam_name, n)
                 elif args.sweep == "wgmma":
                     grid = wgmma_grid(fam_name)
+                elif args.sweep == "reduction":
+                    grid = reduction_grid(fam_name, stats[key], n)
                 elif args.sweep == "tall":
                     grid = tall_grid(fam_name, n)
                 elif args.sweep == "bn":

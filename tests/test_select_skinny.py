@@ -225,3 +225,25 @@ def test_tune_times_dense_where_a_binding_exists():
     with pinned_library(None):
         assert "dense_gemm" not in tune.candidate_families(req)
         assert dense_gemm.unavailable(req).startswith("neither torch nor CuPy")
+
+
+def test_wide_blocks_reduce_split_k_by_a_second_launch():
+    """bn = 64 splits K and reduces the partial sums by a second launch (measured faster than the
+    cluster and than atomics on the OPT shapes); a reduction asked for in options is kept."""
+    from sparsegen.families import _tiled as T
+    from sparsegen.families import tiled_bitmap_spmm, tiled_csl_spmm
+    from sparsegen.families.base import Request
+
+    req = Request("spmm", n=64, dtype="float16", arch="sm_90")
+    for fam in (tiled_csl_spmm, tiled_bitmap_spmm):
+        for m, k in ((7168, 28672), (28672, 7168), (12288, 12288)):
+            spec, why = fam.choose(uniform_stats(m, k, 0.1), req)
+            assert spec.bn == 64 and spec.split_k > 1 and spec.reduction == "two_step", spec.name
+            assert "a second launch measured faster" in why and ".sk%dr." % spec.split_k in spec.name
+            assert T.spec_reduction_seconds(spec) == T.CLUSTER_S  # the cost model's rates: cluster kernels
+        for how in ("cluster", "atomic"):
+            forced, _ = fam.choose(uniform_stats(7168, 28672, 0.1),
+                                   Request("spmm", n=64, dtype="float16", arch="sm_90", options=(("reduction", how),)))
+            assert forced.reduction == how  # as asked
+        narrow, _ = fam.choose(uniform_stats(7168, 28672, 0.1), Request("spmm", n=32, dtype="float16", arch="sm_90"))
+        assert narrow.bn == 32 and narrow.reduction == "atomic"  # narrow blocks keep their measured atomics

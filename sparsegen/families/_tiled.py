@@ -381,11 +381,19 @@ def reduction_seconds(split: int, m: int, n: int) -> tuple[float, float]:
     return atomic, two_step
 
 
+def wide_two_step(spec: TiledSpec) -> bool:
+    """Wide blocks (bn > NARROW_BN) whose split-K partial sums a second launch reduces: the
+    reduction `modelled_split` takes for them."""
+    return spec.reduction == "two_step" and spec.bn > NARROW_BN
+
+
 def spec_reduction_seconds(spec: TiledSpec) -> float:
-    """Predicted cost of the reduction `spec` makes (0 without split-K)."""
+    """Predicted cost of the reduction `spec` makes (0 without split-K). Wide blocks reduced by a
+    second launch are charged what the cluster is: the skinny cost model's rates were fitted to the
+    cluster kernels, and the two-step kernels measured as fast as those or faster (WIDE_REDUCTION)."""
     if spec.reduction == "none":
         return 0.0
-    if spec.reduction == "cluster":
+    if spec.reduction == "cluster" or wide_two_step(spec):
         return CLUSTER_S
     atomic, two_step = reduction_seconds(spec.split_k, spec.m, spec.n)
     return atomic if spec.reduction == "atomic" else two_step
@@ -417,9 +425,13 @@ def usable_heights(heights: tuple, request: Request) -> tuple:
 # (K = 1024) per split was fastest or within 5 % of it for both families at every M, and fp32
 # atomics beat the thread block cluster's reduction at the same split (CSL by up to 1.5x: a cluster
 # is scheduled only when all of its blocks fit in one GPC at once, so SMs wait for slots). Wide
-# blocks (bn = 64) move 4x the partial sums: there the cluster won and the cost model below chooses.
+# blocks (bn = 64) move 4x the partial sums: the cost model below chooses their split, and
+# WIDE_REDUCTION reduces it (probes/tiled_probe_reduction*.txt: on the OPT shapes at N = 64, 70 and
+# 90 %, the same split reduced by a second launch beat the thread block cluster by 1.05x / 1.24x
+# (Tiled-CSL) and 1.19x / 1.18x (bitmap) geomean, and fp32 atomics by more).
 KT_PER_SPLIT_TARGET = 16
 NARROW_BN = 32
+WIDE_REDUCTION = "two_step"
 
 
 def choose_split(stats, request: Request, n: int, bn: int, resident: int, w_bytes: float, kernel_s: float,
@@ -500,6 +512,9 @@ def modelled_split(stats, request: Request, n: int, bn: int, resident: int, kern
     if split == 1:
         return Split(tile_m, 1, "none", why)
     reduction, _ = split_reduction_seconds(split, m, n, cluster)
+    if forced_reduction is None and bn > NARROW_BN:
+        reduction = WIDE_REDUCTION
+        why += f"; {bn}-column blocks: a second launch measured faster than a cluster or atomics"
     if forced_reduction not in (None, "none") and (forced_reduction != "cluster" or cluster_ok(request)):
         reduction = forced_reduction
     if reduction == "cluster" and split > MAX_CLUSTER:

@@ -125,10 +125,7 @@ def split_k_seconds(spec) -> float:
     """The cost of reducing the spec's split-K partial sums (as `_tiled` predicts it)."""
     if spec.split_k == 1 or spec.reduction == "none":
         return 0.0
-    if spec.reduction in ("atomic", "two_step"):
-        atomic, two_step = T.reduction_seconds(spec.split_k, spec.m, spec.n)
-        return atomic if spec.reduction == "atomic" else two_step
-    return T.spec_reduction_seconds(spec)  # reductions added since (the thread block cluster's)
+    return T.spec_reduction_seconds(spec)
 
 
 def dense_seconds(m: int, k: int, n: int, epilogue: bool = False) -> float:
