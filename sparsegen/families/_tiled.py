@@ -477,11 +477,14 @@ def modelled_split(stats, request: Request, n: int, bn: int, resident: int, kern
                x (1 + LATENCY_PENALTY x the fraction of `target_blocks` resident blocks missing)
       + BLOCK_FIXED_S per wave of `resident` blocks per SM + the reduction of S partial sums,
     with B = m_tiles x n_tiles x S blocks, where kernel_s is the cost model's time with every SM busy
-    and 64-row tiles pay ~5 % more per byte. The reduction: through a thread block cluster's shared
-    memory for S <= 8 on sm_90 (no workspace, deterministic), else fp32 atomics into a self-cleaning
-    workspace (the last block of each output tile finishes) or a second, deterministic launch,
-    whichever `reduction_seconds` predicts cheaper. Every split keeps at least MIN_K_TILES_PER_SPLIT
-    k-tiles."""
+    and 64-row tiles pay ~5 % more per byte (the split is costed with the cluster's reduction, which
+    the cost model's rates were fitted to). The reduction: for wide blocks (bn > NARROW_BN) a second,
+    deterministic launch (WIDE_REDUCTION: measured faster than the cluster and than atomics); for
+    narrow blocks (here only when options force a split), through a thread block cluster's shared memory for S <= 8 on
+    sm_90 (no workspace, deterministic), else fp32 atomics into a self-cleaning workspace (the last
+    block of each output tile finishes) or a second launch, whichever `reduction_seconds` predicts
+    cheaper. A reduction asked for in options is kept. Every split keeps at least
+    MIN_K_TILES_PER_SPLIT k-tiles."""
     m, k = stats.shape
     sms = sm_count(request.arch)
     n_tiles = -(-n // bn)
