@@ -391,7 +391,7 @@ def spec_reduction_seconds(spec: TiledSpec) -> float:
     """Predicted cost of the reduction `spec` makes (0 without split-K). Wide blocks reduced by a
     second launch are charged what the cluster is: the skinny cost model's rates were fitted to the
     cluster kernels, and the two-step kernels measured as fast as those or faster (WIDE_REDUCTION)."""
-    if spec.reduction == "none":
+    if spec.split_k == 1 or spec.reduction == "none":
         return 0.0
     if spec.reduction == "cluster" or wide_two_step(spec):
         return CLUSTER_S
@@ -426,9 +426,10 @@ def usable_heights(heights: tuple, request: Request) -> tuple:
 # atomics beat the thread block cluster's reduction at the same split (CSL by up to 1.5x: a cluster
 # is scheduled only when all of its blocks fit in one GPC at once, so SMs wait for slots). Wide
 # blocks (bn = 64) move 4x the partial sums: the cost model below chooses their split, and
-# WIDE_REDUCTION reduces it (probes/tiled_probe_reduction*.txt: on the OPT shapes at N = 64, 70 and
-# 90 %, the same split reduced by a second launch beat the thread block cluster by 1.05x / 1.24x
-# (Tiled-CSL) and 1.19x / 1.18x (bitmap) geomean, and fp32 atomics by more).
+# WIDE_REDUCTION reduces it (probes/tiled_probe_reduction*.txt: over 46 OPT cases at N = 64, 70 and
+# 90 %, the same split reduced by a second launch beat the thread block cluster by 1.13x (Tiled-CSL)
+# and 1.17x (bitmap) geomean, and fp32 atomics by 1.17x / 1.13x; at N = 16 / 32 atomics were within
+# 1-4 % of it, so narrow blocks keep them).
 KT_PER_SPLIT_TARGET = 16
 NARROW_BN = 32
 WIDE_REDUCTION = "two_step"
@@ -480,10 +481,10 @@ def modelled_split(stats, request: Request, n: int, bn: int, resident: int, kern
     and 64-row tiles pay ~5 % more per byte (the split is costed with the cluster's reduction, which
     the cost model's rates were fitted to). The reduction: for wide blocks (bn > NARROW_BN) a second,
     deterministic launch (WIDE_REDUCTION: measured faster than the cluster and than atomics); for
-    narrow blocks (here only when options force a split), through a thread block cluster's shared memory for S <= 8 on
-    sm_90 (no workspace, deterministic), else fp32 atomics into a self-cleaning workspace (the last
-    block of each output tile finishes) or a second launch, whichever `reduction_seconds` predicts
-    cheaper. A reduction asked for in options is kept. Every split keeps at least
+    narrow blocks (here only when options force a split), through a thread block cluster's shared
+    memory for S <= 8 on sm_90 (no workspace, deterministic), else fp32 atomics into a self-cleaning
+    workspace (the last block of each output tile finishes) or a second launch, whichever
+    `reduction_seconds` predicts cheaper. A reduction asked for in options is kept. Every split keeps at least
     MIN_K_TILES_PER_SPLIT k-tiles."""
     m, k = stats.shape
     sms = sm_count(request.arch)
@@ -514,10 +515,11 @@ def modelled_split(stats, request: Request, n: int, bn: int, resident: int, kern
            f"{' (split_k as asked)' if forced is not None else ''}; predicted {predicted(tile_m, split) * 1e6:.1f} us")
     if split == 1:
         return Split(tile_m, 1, "none", why)
-    reduction, _ = split_reduction_seconds(split, m, n, cluster)
     if forced_reduction is None and bn > NARROW_BN:
         reduction = WIDE_REDUCTION
         why += f"; {bn}-column blocks: a second launch measured faster than a cluster or atomics"
+    else:
+        reduction, _ = split_reduction_seconds(split, m, n, cluster)
     if forced_reduction not in (None, "none") and (forced_reduction != "cluster" or cluster_ok(request)):
         reduction = forced_reduction
     if reduction == "cluster" and split > MAX_CLUSTER:

@@ -118,14 +118,7 @@ def tiled_seconds(stats, request: Request, family: str, rates: TileRates | None 
                           rates.base + rates.per_column * spec.bn + rates.per_nonzero * nnz)
     cycles = spec.n_tiles * (float((per_tile * counts).sum()) + empty * EMPTY_TILE_CYCLES)
     busy = min(1.0, spec.m_tiles * spec.n_tiles * spec.split_k / sms)  # fewer blocks than SMs leave SMs idle
-    return max(TILED_FLOOR_S, LAUNCH_S + rates.fixed_s + cycles / (sms * T.CLOCK_HZ * busy) + split_k_seconds(spec))
-
-
-def split_k_seconds(spec) -> float:
-    """The cost of reducing the spec's split-K partial sums (as `_tiled` predicts it)."""
-    if spec.split_k == 1 or spec.reduction == "none":
-        return 0.0
-    return T.spec_reduction_seconds(spec)
+    return max(TILED_FLOOR_S, LAUNCH_S + rates.fixed_s + cycles / (sms * T.CLOCK_HZ * busy) + T.spec_reduction_seconds(spec))
 
 
 def dense_seconds(m: int, k: int, n: int, epilogue: bool = False) -> float:
