@@ -148,7 +148,7 @@ def test_source_names_its_constants_and_has_no_template_leftovers():
     for needle in ("constexpr int K = 100;", "constexpr int TILE_M = 128;", "constexpr int SLICE_K = 32;",
                    "constexpr int STAGES = 3;", "constexpr int SLICES = (K + SLICE_K - 1) / SLICE_K;  // = 4",
                    "THREADS = 32 * WARPS_M * WARPS_N;  // = 256", "mma.sync.aligned.m16n8k8.row.col.f32.tf32",
-                   "cvt.rna.tf32.f32", "3xTF32", 'extern "C"'):
+                   "ldmatrix.sync.aligned.m8n8.x4.shared.b16", "(x + 0x1000u) & 0xffffe000u", "3xTF32", 'extern "C"'):
         assert needle in src
     assert "{{" not in src and "{%" not in src
 
