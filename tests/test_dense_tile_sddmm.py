@@ -30,13 +30,20 @@ def pick(a, k, dtype="float32", arch="sm_90", **options):
 def test_dense_patterns_at_long_k_take_whole_tiles():
     sel = pick(random_csr(512, 2048, 0.5, seed=1), 128)
     assert sel.spec.family == fam.FAMILY
-    assert "fill of the nonempty tiles 50% >= 28%" in sel.reason and "3xTF32" in sel.reason
+    assert "fill of the nonempty tiles 50% >= 28% at k=128" in sel.reason and "3xTF32" in sel.reason
+
+
+def test_dense_patterns_at_short_k_need_more_fill_and_a_tile_per_sm():
+    sel = pick(random_csr(512, 2048, 0.5, seed=1), 32)
+    assert sel.spec.family == fam.FAMILY and "fill of the nonempty tiles 50% >= 33% at k=32" in sel.reason
 
 
 @pytest.mark.parametrize("m,n,density,k,needle", [
-    (512, 2048, 0.5, 32, "k=32 < 128"),
-    (512, 2048, 0.2, 256, "fill of the nonempty tiles 20.0% < 28%"),
-    (512, 512, 0.5, 256, "32 tiles of 128x64 for 132 SMs"),
+    (512, 2048, 0.5, 16, "k=16 < 32"),
+    (512, 2048, 0.2, 256, "fill of the nonempty tiles 20.0% < 28% at k=256"),
+    (512, 2048, 0.3, 64, "fill of the nonempty tiles 30.0% < 33% at k=64"),
+    (512, 512, 0.5, 256, "32 tiles of 128x64 for 132 SMs (< 0.5 per SM at k=256)"),
+    (256, 2304, 0.5, 32, "72 tiles of 128x64 for 132 SMs (< 0.9 per SM at k=32)"),
 ])
 def test_measured_declines_leave_sputnik(m, n, density, k, needle):
     sel = pick(random_csr(m, n, density, seed=2), k)
@@ -81,7 +88,9 @@ def test_bad_options_are_named():
 def test_spec_name_and_launch_geometry():
     spec = fam.Spec("f32", 256, 4, 64, 32, 3, 4)
     assert spec.name == "dense_tile_sddmm.f32.k256.v4.t64x64.s32x3.m4"
-    assert spec.threads == 128 and spec.shared_bytes == 3 * 128 * 36 * 4
+    assert spec.threads == 128 and spec.shared_bytes == 3 * 128 * 36 * 4 + 64 * 12
+    # short slices: the finished tile (rows of 64 + 8 floats) outgrows the stages
+    assert fam.Spec("f32", 8, 4, 128, 8, 2, 2).shared_bytes == 128 * 72 * 4 + 128 * 12
     plan = fmt.encode(random_csr(300, 200, 0.3, seed=7), tile_m=64)
     launch = fam.launch(spec, plan)
     assert launch.grid == (plan.constants["tiles"], 1, 1) and launch.block == (128, 1, 1)

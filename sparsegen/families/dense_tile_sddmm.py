@@ -27,20 +27,22 @@ FAMILY = "dense_tile_sddmm"
 KERNEL = "dense_tile_sddmm"
 TILE_N = FORMAT.TILE_N
 WARP_TILE = 32  # a warp computes 32 x 32 of the tile
+OUT_STRIDE = TILE_N + 8  # floats between rows of the finished tile in shared memory
 TILE_MS = (128, 64, 32)  # rows of an output tile, largest first
 SLICE_K = 32  # elements of k per pipeline step (k < 32: k rounded up to 8, one mma step)
 STAGES = 3  # slices in flight
 REGISTERS = 128  # per-thread register budget, through __launch_bounds__' minimum blocks per SM
-# Where whole tiles beat sputnik_sddmm's gather, measured on the H100 at k = 32/128/256 with 128-row
-# tiles (benchmarks/results/h100-80gb-hbm3/probes/sddmm_sweep_dense_tile_{even,odd}.txt, every DLMC
-# matrix and six random squares): from 30 % fill at k >= 128 (up to 1.64x); never at k = 32 (one
-# slice does not pay for staging whole tiles: 0.57-0.95x in the tile-height sweep), nor at 25 % fill
-# or less (0.69-0.93x); and not when the grid is small: each block walks all of k alone, so the
-# 512 x 512 layers (32 blocks) ran 0.56-0.72x, while 72 blocks (256 x 2304) ran 0.99-1.23x.
-# k between 32 and 128 was not measured and stays with sputnik_sddmm.
-MIN_FILL = 0.28
-MIN_K = 128
-MIN_BLOCKS_PER_SM = 0.5
+# Where whole tiles beat sputnik_sddmm's gather, measured on the H100 with 128-row tiles over every
+# DLMC matrix at k = 32/128/256 (benchmarks/results/h100-80gb-hbm3/probes/sddmm_sweep_dense_tile_v3.txt,
+# the kernel with its compacted stores). At k >= 128: from 28 % fill (0.25-0.28: 1.03-1.08x, below
+# that a wash or a loss: 512 x 4608 at 20 % ran 0.81-0.89x) with at least half a tile per SM (the
+# 512 x 512 layers, 32 tiles, ran 0.70-0.92x; 256 x 2304, 72 tiles, 1.20-1.55x). At k = 32 one slice
+# leaves less to amortise a tile's fixed cost: from 33 % fill (1.08-1.47x) and only with about a tile
+# per SM (72 tiles ran 0.89-0.93x, 128 tiles 1.08-1.29x; 30 % fill on 128 tiles 0.92-0.99x). k between
+# 32 and 128 takes k = 32's stricter bounds; below 32 (not measured) stays with sputnik_sddmm.
+MIN_K = 32
+LONG_K = 128
+BOUNDS = {True: (0.28, 0.5), False: (0.33, 0.9)}  # k >= LONG_K: (least fill, least tiles per SM)
 OPTIONS = ("tile_m", "slice_k", "stages", "min_blocks")
 INT32_MAX = 2**31 - 1
 
@@ -67,8 +69,10 @@ class Spec(KernelSpec):
 
     @property
     def shared_bytes(self) -> int:
-        """`stages` stages of tile_m + 64 staged rows of slice_k + 4 floats."""
-        return self.stages * (self.tile_m + TILE_N) * (self.slice_k + 4) * 4
+        """`stages` stages of tile_m + 64 staged rows of slice_k + 4 floats, or the finished tile
+        (rows of 64 + 8 floats) where that is more, then the tile's row masks and bases (12 bytes a row)."""
+        stages = self.stages * (self.tile_m + TILE_N) * (self.slice_k + 4)
+        return max(stages, self.tile_m * OUT_STRIDE) * 4 + self.tile_m * 12
 
 
 def threads_for(tile_m: int) -> int:
@@ -104,7 +108,8 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     spec = Spec("f32", k, vec, int(tile_m), slice_k, stages, min_blocks)
     fill = active_fill(stats)
     tiles = grid_tiles(m, n, spec.tile_m)
-    reason = (f"fill of the nonempty tiles {fill:.0%} >= {MIN_FILL:.0%} and k={k} >= {MIN_K}: whole "
+    min_fill, _ = BOUNDS[k >= LONG_K]
+    reason = (f"fill of the nonempty tiles {fill:.0%} >= {min_fill:.0%} at k={k}: whole "
               f"{spec.tile_m}x{TILE_N} tiles of A.B^T (up to {tiles} blocks, {tiles / sms:.1f} per SM) cost less "
               f"than a B row per entry; k in slices of {slice_k}, {stages} in flight, {vec}-float copies; "
               f"3xTF32 tensor cores")
@@ -149,13 +154,14 @@ def _outside_measured(stats, request: Request, spec: Spec) -> str | None:
     """Why the H100 sweep has sputnik_sddmm ahead here, or None."""
     m, n = stats.shape
     if request.k < MIN_K:
-        return f"k={request.k} < {MIN_K}: one or few slices do not pay for staging whole tiles"
+        return f"k={request.k} < {MIN_K}: one short slice does not pay for staging whole tiles"
+    min_fill, min_per_sm = BOUNDS[request.k >= LONG_K]
     fill = active_fill(stats)
-    if fill < MIN_FILL:
-        return f"fill of the nonempty tiles {fill:.1%} < {MIN_FILL:.0%}: a B row per entry is cheaper"
+    if fill < min_fill:
+        return f"fill of the nonempty tiles {fill:.1%} < {min_fill:.0%} at k={request.k}: a B row per entry is cheaper"
     blocks, sms = grid_tiles(m, n, spec.tile_m), sm_count(request.arch)
-    if blocks < MIN_BLOCKS_PER_SM * sms:
-        return (f"{blocks} tiles of {spec.tile_m}x{TILE_N} for {sms} SMs (< {MIN_BLOCKS_PER_SM} per SM): "
+    if blocks < min_per_sm * sms:
+        return (f"{blocks} tiles of {spec.tile_m}x{TILE_N} for {sms} SMs (< {min_per_sm} per SM at k={request.k}): "
                 "each block walks all of k alone")
     return None
 
