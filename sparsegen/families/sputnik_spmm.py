@@ -65,13 +65,18 @@ INDEX16_MAX_COLS = 32767  # int16 column indices (fp16 only)
 # Rows are not split (a split row ran 1.2-1.5x slower there: these rows already give >= 2048
 # warps); grids of <= 8192 warps stage 64-nonzero chunks (1.1-1.5x faster), larger ones keep
 # 8 loads of X in flight instead of 16 (1.02-1.23x faster: more warps resident). No DLMC layer is
-# this large; on them the defaults were as fast or faster (same sweeps).
+# this large; on them the defaults were as fast or faster (same sweeps). The 64-nonzero-chunk grids
+# with whole-warp row groups (n >= 128) run 512-thread blocks (16 rows a block, not 4): 1.02-1.19x
+# faster on the 4096 and 8192 squares at n = 128/256 (9 cases, geomean 1.08x; 2048 x 2048 at 80 %:
+# 0.99/1.03x); the larger grids with 8 loads in flight ran 0.83-1.15x and 8-thread groups (n = 32)
+# 0.92-1.05x, so those keep 128 (probes/spmm_sweep_many_rows_block.txt).
 MANY_ROWS = 2048
 MANY_COLS = 2048
 MANY_ROWS_MEAN = 256  # nonzeros per row, at least
 MANY_ROWS_CHUNK_WARPS = 8192  # grid warps up to which 64-nonzero chunks pay
 MANY_ROWS_CHUNK = 64
 MANY_ROWS_BATCH = 8
+MANY_ROWS_CHUNK_BLOCK = 512  # threads per block with 64-nonzero chunks
 # Prefetch (software-pipelined sparse row: the next chunk's indices and values in flight while this
 # chunk's X loads are) for float32 at n <= 32 with every row split alike, where a chunk's X loads
 # are short and the row's dependent loads set the time. Measured against the same kernel without
@@ -186,9 +191,10 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
         ksplit = most_split(longest, stats.nnz, budget, piece or 0, ksplit or MAX_KSPLIT)
     elif ksplit is None:
         ksplit = 1 if many else alike
-    rows = max(1, (block or BLOCK_THREADS) // (width * ksplit))
     small_grid = warps(m, n, tile_n, width, ksplit) <= MANY_ROWS_CHUNK_WARPS
     many_chunk = many and chunk is None and small_grid
+    big_block = many_chunk and width == WARP and block is None  # measured with whole-warp row groups (n >= 128)
+    rows = max(1, (block or (MANY_ROWS_CHUNK_BLOCK if big_block else BLOCK_THREADS)) // (width * ksplit))
     many_batch = many and batch is None and not small_grid
     chunk = chunk or (MANY_ROWS_CHUNK if many_chunk else CHUNK)
     sv = max(1, min(4, chunk // width))
@@ -202,6 +208,10 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     spec = Spec(request.short_dtype, n, vec, width, ksplit, rows, chunk, sv, batch, index_bits, prescaled, wide,
                 swizzle, request.bias, request.relu, budget, piece or 0, bool(prefetch))
     tiles = -(-n // tile_n)
+    many_note = ""
+    if many_chunk or many_batch:
+        blocks_note = f", {rows}-row blocks" if big_block else ""
+        many_note = f" ({m} x {k}, rows unsplit{blocks_note}: measured faster)"
     reason = (f"rows avg {mean:.1f} nnz (CoV {stats.row_lengths.cov:.2f}), n={n}: {vec}-wide loads, "
               f"{width} thread{'s' if width > 1 else ''} x {tile_n} column{'s' if tile_n > 1 else ''} per row group ({tiles} tile{'s' if tiles > 1 else ''})")
     if spec.piece:
@@ -215,7 +225,7 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
         reason += (f", {spec.ksplit} groups per row ({m} rows alone give {warps(m, n, tile_n, width, 1)} warps; "
                    f"split while the grid stays within {target} for {sm_count(request.arch)} SMs)")
     reason += (f"; {chunk}-nonzero chunks by {sv}-wide loads, {spec.batch} loads of X in flight"
-               f"{f' ({m} x {k}, rows unsplit: measured faster)' if many_chunk or many_batch else ''}"
+               f"{many_note}"
                f"{'; the next chunk loaded while this one computes' if spec.prefetch else ''}; {index_bits}-bit indices"
                f"{' pre-scaled by n' if prescaled else ''}; "
                f"{'rows swizzled longest first' if swizzle else 'rows in order'}")
