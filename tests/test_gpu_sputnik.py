@@ -95,6 +95,14 @@ def test_chunk_batch_and_block_options(chunk, batch, block, dtype):
     assert (kernel.spec.chunk, kernel.spec.batch) == (chunk, min(batch, chunk))
 
 
+@pytest.mark.parametrize("n", [128, 200])
+def test_many_long_rows_in_16_row_blocks(n):
+    """The family's own choice for many long rows (64-nonzero chunks, 512-thread blocks), with rows left
+    over in the last block and a partial column tile at n = 200."""
+    kernel = check(random_csr(2100, 2048, 0.2, seed=n, empty_rows=0.05), n, seed=n)
+    assert (kernel.spec.chunk, kernel.spec.rows) == (64, 16)
+
+
 def test_fp16_with_32768_columns_uses_32bit_indices():
     a = random_csr(64, 40000, 0.01, seed=4)
     a[3, 39999] = 1.5  # the last column is read
