@@ -11,8 +11,9 @@ The pattern is cut into `tile_m` × 64 tiles (formats/sampled_tiles); one block 
 an entry, a warp per 32 × 32 of it. k is walked in slices of `slice_k`, `stages` in flight
 (cp.async, zero-filled past the matrix). Products run on TF32 tensor cores at float32 accuracy
 (3xTF32: each operand split into a TF32 high part and a TF32 remainder, three mma per product,
-fp32 sums; about 22 significant bits per product). The epilogue stores an output where the row's
-64-bit mask has its bit, at the row's base plus the popcount of the mask below it. float32 only:
+fp32 sums; about 22 significant bits per product). The epilogue stages the finished tile in shared
+memory, and a warp per row stores the entries its 64-bit mask keeps at the row's base plus the
+popcount of the mask below each: one run of consecutive output positions. float32 only:
 fp16 SDDMM stays on `sputnik_sddmm`.
 """
 from __future__ import annotations
@@ -42,7 +43,8 @@ REGISTERS = 128  # per-thread register budget, through __launch_bounds__' minimu
 # 32 and 128 takes k = 32's stricter bounds; below 32 (not measured) stays with sputnik_sddmm.
 MIN_K = 32
 LONG_K = 128
-BOUNDS = {True: (0.28, 0.5), False: (0.33, 0.9)}  # k >= LONG_K: (least fill, least tiles per SM)
+LONG_K_BOUNDS = (0.28, 0.5)  # k >= LONG_K: least fill of the nonempty tiles, least tiles per SM
+SHORT_K_BOUNDS = (0.33, 0.9)  # MIN_K <= k < LONG_K
 OPTIONS = ("tile_m", "slice_k", "stages", "min_blocks")
 INT32_MAX = 2**31 - 1
 
@@ -73,6 +75,11 @@ class Spec(KernelSpec):
         (rows of 64 + 8 floats) where that is more, then the tile's row masks and bases (12 bytes a row)."""
         stages = self.stages * (self.tile_m + TILE_N) * (self.slice_k + 4)
         return max(stages, self.tile_m * OUT_STRIDE) * 4 + self.tile_m * 12
+
+
+def bounds(k: int) -> tuple[float, float]:
+    """(least fill, least tiles per SM) where whole tiles were measured ahead at this k."""
+    return LONG_K_BOUNDS if k >= LONG_K else SHORT_K_BOUNDS
 
 
 def threads_for(tile_m: int) -> int:
@@ -108,7 +115,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     spec = Spec("f32", k, vec, int(tile_m), slice_k, stages, min_blocks)
     fill = active_fill(stats)
     tiles = grid_tiles(m, n, spec.tile_m)
-    min_fill, _ = BOUNDS[k >= LONG_K]
+    min_fill, _ = bounds(k)
     reason = (f"fill of the nonempty tiles {fill:.0%} >= {min_fill:.0%} at k={k}: whole "
               f"{spec.tile_m}x{TILE_N} tiles of A.B^T (up to {tiles} blocks, {tiles / sms:.1f} per SM) cost less "
               f"than a B row per entry; k in slices of {slice_k}, {stages} in flight, {vec}-float copies; "
@@ -155,7 +162,7 @@ def _outside_measured(stats, request: Request, spec: Spec) -> str | None:
     m, n = stats.shape
     if request.k < MIN_K:
         return f"k={request.k} < {MIN_K}: one short slice does not pay for staging whole tiles"
-    min_fill, min_per_sm = BOUNDS[request.k >= LONG_K]
+    min_fill, min_per_sm = bounds(request.k)
     fill = active_fill(stats)
     if fill < min_fill:
         return f"fill of the nonempty tiles {fill:.1%} < {min_fill:.0%} at k={request.k}: a B row per entry is cheaper"
