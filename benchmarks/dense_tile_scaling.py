@@ -18,17 +18,15 @@ import scipy.sparse as sp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from sddmm_sweep import parse_variant  # noqa: E402  (this folder is on sys.path when run as a script)
+
 import sparsegen  # noqa: E402
 from sparsegen.bench.timing import time_cuda  # noqa: E402
 
 
 def options(text: str) -> dict:
-    out = {"family": "dense_tile_sddmm"}
-    for item in filter(None, text.split(",")):
-        if item != "default":
-            key, value = item.split("=")
-            out[key] = int(value) if value.isdigit() else value
-    return out
+    """A variant as sddmm_sweep reads one ('default', or 'name=value,...'), forced to dense_tile_sddmm."""
+    return {"family": "dense_tile_sddmm", **parse_variant(text)[1]}
 
 
 def main() -> int:
