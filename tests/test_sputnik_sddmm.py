@@ -69,11 +69,24 @@ def test_vector_width_and_lanes_follow_k(dtype, k, vec, lanes):
 
 
 def test_many_long_rows_take_whole_tiles_few_rows_smaller_ones():
-    big, _ = choose(stats_of(2048, 1024, 256), 128)
-    small, reason = choose(stats_of(512, 4608, 92), 128)
+    big, _ = choose(stats_of(2048, 1024, 256), 256)
+    small, reason = choose(stats_of(512, 4608, 92), 256)
     assert big.tile == 32 and big.unroll == 1
     assert small.tile < 32 and small.tile * small.unroll == fam.LOADS_IN_FLIGHT
     assert "tiles of" in reason and "132 SMs" in reason
+
+
+@pytest.mark.parametrize("rows,cols,per_row", [(2048, 1024, 256), (512, 4608, 92), (100_000, 512, 5)])
+def test_float32_k_of_one_pass_takes_the_one_pass_configuration(rows, cols, per_row):
+    spec, reason = choose(stats_of(rows, cols, per_row), 128)
+    assert (spec.tile, spec.unroll, spec.block, spec.min_blocks) == (8, 4, 256, 3)
+    assert spec.chunk == 128 and "one pass of 8-nonzero tiles" in reason and "24 warps an SM" in reason
+    for k, dtype in ((256, "float32"), (64, "float32"), (128, "float16"), (120, "float32")):
+        other, why = choose(stats_of(rows, cols, per_row), k, dtype)
+        assert "one pass" not in why and other.min_blocks == max(1, 65536 // (other.block * fam.REGISTERS))
+    forced, why = choose(stats_of(rows, cols, per_row), 128, tile=16, block=512)
+    assert (forced.tile, forced.unroll, forced.block, forced.min_blocks) == (16, 2, 512, 1) and "one pass" not in why
+    assert choose(stats_of(rows, cols, per_row), 128, min_blocks=2)[0].min_blocks == 2
 
 
 def test_short_rows_take_short_tiles():
@@ -111,6 +124,13 @@ def test_options_override_the_rule():
     spec, reason = choose(stats_of(512, 512, 64), 128, tile=8, unroll=2, block=64, order="row")
     assert (spec.tile, spec.unroll, spec.block, spec.order) == (8, 2, 64, "row")
     assert "row-major" in reason
+    assert choose(stats_of(512, 512, 64), 128, block=256, min_blocks=3)[0].min_blocks == 3
+
+
+def test_min_blocks_that_overfill_an_sm_are_declined():
+    decision = fam._rule(stats_of(64, 64, 4), Request("sddmm", k=8, options=(("block", 512), ("min_blocks", 5))))
+    assert not decision.accepted and "5 blocks of 512 threads exceed the 2048" in decision.reason
+    assert fam._rule(stats_of(64, 64, 4), Request("sddmm", k=8, options=(("block", 512), ("min_blocks", 4)))).accepted
 
 
 def test_spec_name_spells_every_parameter():
@@ -139,7 +159,8 @@ def test_selection_picks_the_family_for_sddmm_only():
     (Request("sddmm", k=8, options=(("tile", 12),)), "tile=12"),
     (Request("sddmm", k=8, options=(("order", "zigzag"),)), "order='zigzag'"),
     (Request("sddmm", k=8, options=(("block", 48),)), "block=48"),
-    (Request("sddmm", k=8, options=(("unroll", 3),)), "unroll=3")])
+    (Request("sddmm", k=8, options=(("unroll", 3),)), "unroll=3"),
+    (Request("sddmm", k=8, options=(("min_blocks", 0),)), "min_blocks=0")])
 def test_rule_declines_with_reasons(request_, needle):
     decision = fam._rule(stats_of(64, 64, 4), request_)
     assert not decision.accepted and needle in decision.reason

@@ -13,7 +13,8 @@ spare slots repeat its last column). A transposing warp-shuffle reduction then l
 consecutive rows and read overlapping rows of B (L1 reuse); the block is as large as an even
 spread over the SMs allows. Column indices are pre-scaled by k when that fits in 32 bits. k is
 a compile-time constant: the loops over a pass unroll and the k residue is resolved at compile
-time. Request options `tile`, `unroll`, `block`, `order`, `scaled` override the rule (tuning).
+time. Request options `tile`, `unroll`, `block`, `min_blocks`, `order`, `scaled` override the rule
+(tuning).
 """
 from __future__ import annotations
 
@@ -40,8 +41,16 @@ BLOCKS = (512, 256, 128, 64, 32)  # threads per block, largest first (more group
 SPREAD = 0.85  # least acceptable `spread` of the blocks over the SMs (a larger block is worth a little)
 REGISTERS = 128  # per-thread register budget, through __launch_bounds__' minimum blocks per SM
 MAX_BLOCKS_PER_SM = 32
+THREADS_PER_SM = 2048
 INT32_MAX = 2**31 - 1
-OPTIONS = ("tile", "unroll", "block", "order", "scaled")  # request options that override the rule's choice
+# float32 with k exactly one pass of ONE_PASS_TILE-nonzero tiles of ONE_PASS_UNROLL loads (k = 128 with
+# 8 lanes of float4): such tiles, ONE_PASS_BLOCK-thread blocks and ONE_PASS_MIN_BLOCKS of them per SM
+# (85 registers, 24 warps an SM, against 16 at REGISTERS). In the H100 sweeps at k = 128
+# (benchmarks/results/h100-80gb-hbm3/probes/sddmm_sweep_one_pass.txt, sddmm_sweep_occupancy.txt) 1.06x
+# faster than the rule's tiles over 27 DLMC matrices and two squares (0.91-1.22x; 1.055x over 10 more);
+# at k = 256 (two passes) the same was 0.83x, and so were more warps with longer tiles at every k.
+ONE_PASS_TILE, ONE_PASS_UNROLL, ONE_PASS_BLOCK, ONE_PASS_MIN_BLOCKS = 8, 4, 256, 3
+OPTIONS = ("tile", "unroll", "block", "min_blocks", "order", "scaled")  # request options that override the rule's choice
 
 
 @dataclass(frozen=True)
@@ -119,21 +128,31 @@ def choose_block(tiles: int, lanes: int, sms: int) -> int:
     return max(BLOCKS, key=lambda b: (round(score(b), 2), b))
 
 
+def one_pass(request: Request, lanes: int, vec: int) -> bool:
+    """Whether the ONE_PASS configuration applies: float32, k exactly one pass of 8-nonzero tiles,
+    and neither tile nor block forced by an option (the rest of the configuration follows from those)."""
+    return (request.dtype == "float32" and request.k == lanes * vec * ONE_PASS_UNROLL
+            and request.option("tile") is None and request.option("block") is None)
+
+
 def choose(stats, request: Request) -> tuple[Spec, str]:
     """Vector width and lanes from k and dtype; tile size from row lengths and the SM count; unroll
-    to keep LOADS_IN_FLIGHT loads per lane; block size for an even spread over the SMs."""
+    to keep LOADS_IN_FLIGHT loads per lane; block size for an even spread over the SMs. Where
+    8-nonzero tiles cover k in one pass (ONE_PASS), that configuration instead."""
     k, itemsize = request.k, (4 if request.dtype == "float32" else 2)
     m, n = stats.shape
     sms = sm_count(request.arch)
     vec = widest_vector(k, itemsize)
     lanes = group_lanes(k, vec, itemsize)
     target = WARPS_PER_SM * sms
-    tile = int(request.option("tile") or choose_tile(stats, lanes, target))
-    unroll = int(request.option("unroll") or
-                 max(1, min(LOADS_IN_FLIGHT // tile, prev_pow2(max(1, k // (lanes * vec))))))
+    single = one_pass(request, lanes, vec)
+    tile = int(request.option("tile") or (ONE_PASS_TILE if single else choose_tile(stats, lanes, target)))
+    unroll = int(request.option("unroll") or (ONE_PASS_UNROLL if single else
+                 max(1, min(LOADS_IN_FLIGHT // tile, prev_pow2(max(1, k // (lanes * vec)))))))
     tiles = estimated_tiles(stats, tile)
-    block = int(request.option("block") or choose_block(tiles, lanes, sms))
-    min_blocks = max(1, min(MAX_BLOCKS_PER_SM, 65536 // (block * REGISTERS)))
+    block = int(request.option("block") or (ONE_PASS_BLOCK if single else choose_block(tiles, lanes, sms)))
+    min_blocks = int(request.option("min_blocks") or (ONE_PASS_MIN_BLOCKS if single else
+                     max(1, min(MAX_BLOCKS_PER_SM, 65536 // (block * REGISTERS)))))
     order = request.option("order", "phase")
     fits = max(n - 1, 0) * k <= INT32_MAX
     scaled = fits and request.option("scaled", True)  # scaled=False forces 64-bit offsets (tests that path)
@@ -147,21 +166,27 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
               f"load, {unroll} per nonzero per chunk ({chunks} chunk(s) of {spec.chunk}"
               f"{f' + residue {residue}' if residue else ''}); rows avg {mean:.1f} nnz (CoV "
               f"{stats.row_lengths.cov:.2f}): tiles of {tile} -> ~{tiles} tiles, {warps} warps for {sms} SMs; "
-              f"{block}-thread blocks ({nblocks / sms:.1f} per SM, {spread(nblocks, sms):.0%} even); "
+              f"{block}-thread blocks ({nblocks / sms:.1f} per SM, {spread(nblocks, sms):.0%} even"
+              f"{f', {min_blocks} resident: {min_blocks * block // WARP} warps an SM' if single else ''}); "
               f"{order}-major tiles"
               f"{'' if scaled else f'; {n} x {k} needs 64-bit offsets' if not fits else '; 64-bit offsets (option)'}")
+    if single:
+        reason += (f"; k is one pass of {ONE_PASS_TILE}-nonzero tiles: fewer registers buy "
+                   f"{ONE_PASS_MIN_BLOCKS * ONE_PASS_BLOCK // WARP} warps an SM (measured 1.06x)")
     return spec, reason
 
 
 def _check_options(request: Request) -> str | None:
     """Why the request's overrides cannot be used, or None."""
-    tile, unroll, block, order, scaled = (request.option(o) for o in OPTIONS)
+    tile, unroll, block, min_blocks, order, scaled = (request.option(o) for o in OPTIONS)
     if tile is not None and tile not in (4, 8, 16, 32):
         return f"option tile={tile}: expected 4, 8, 16 or 32"
     if unroll is not None and (unroll < 1 or unroll & (unroll - 1) or unroll > 32):
         return f"option unroll={unroll}: expected a power of two up to 32"
     if block is not None and (block % WARP or not WARP <= block <= 1024):
         return f"option block={block}: expected a multiple of 32 up to 1024"
+    if min_blocks is not None and not (isinstance(min_blocks, int) and 1 <= min_blocks <= MAX_BLOCKS_PER_SM):
+        return f"option min_blocks={min_blocks}: expected an integer from 1 to {MAX_BLOCKS_PER_SM}"
     if order is not None and order not in FORMAT.ORDERS:
         return f"option order={order!r}: expected one of {', '.join(FORMAT.ORDERS)}"
     if scaled not in (None, True, False):
@@ -182,7 +207,11 @@ def _rule(stats, request: Request):
     bad = _check_options(request)
     if bad:
         return decline(bad)
-    return accept(*choose(stats, request))
+    spec, reason = choose(stats, request)
+    if spec.min_blocks * spec.block > THREADS_PER_SM:
+        return decline(f"option min_blocks={spec.min_blocks}: {spec.min_blocks} blocks of {spec.block} threads "
+                       f"exceed the {THREADS_PER_SM} threads an SM holds")
+    return accept(spec, reason)
 
 
 RULES = (Rule("sputnik_sddmm", FAMILY, _rule),)
