@@ -96,7 +96,8 @@ def test_huge_k_runs_its_pass_loop(k, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("options", [{"scaled": False}, {"tile": 4}, {"tile": 4, "order": "row"},
                                      {"tile": 32, "unroll": 4, "block": 32}, {"block": 256},
-                                     {"tile": 8, "unroll": 4, "block": 256, "min_blocks": 3}])
+                                     {"tile": 8, "unroll": 4, "block": 256, "min_blocks": 3},
+                                     {"lanes": 16, "tile": 8, "unroll": 4, "block": 256, "min_blocks": 3}])
 def test_every_option_shape(dtype, options):
     a = random_csr(700, 900, 0.05, seed=7, empty_rows=0.1)
     for k in (32, 100, 256):

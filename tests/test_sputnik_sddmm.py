@@ -55,7 +55,7 @@ def operands(a, k, dtype, seed=0):
 # ---- parameter choices ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype,k,vec,lanes", [
-    ("float32", 32, 4, 8), ("float32", 128, 4, 8), ("float32", 256, 4, 8), ("float32", 100, 4, 8),
+    ("float32", 32, 4, 8), ("float32", 128, 4, 8), ("float32", 256, 4, 16), ("float32", 100, 4, 8),
     ("float32", 6, 2, 4), ("float32", 3, 1, 4), ("float32", 1, 1, 1), ("float32", 33, 1, 32),
     ("float16", 32, 8, 4), ("float16", 128, 8, 8), ("float16", 100, 4, 16), ("float16", 2, 2, 1),
     ("float16", 33, 1, 32), ("float32", 32768, 4, 8)])
@@ -63,14 +63,14 @@ def test_vector_width_and_lanes_follow_k(dtype, k, vec, lanes):
     spec, _ = choose(stats_of(2048, 512, 100), k, dtype)
     assert (spec.vec, spec.lanes) == (vec, lanes)
     assert k % spec.vec == 0
-    assert spec.lanes * spec.vec * spec.itemsize <= fam.LINE_BYTES
+    assert spec.lanes * spec.vec * spec.itemsize <= fam.LINE_BYTES or spec.chunk == k  # or one pass (ONE_PASS)
     assert spec.tile * spec.unroll <= fam.LOADS_IN_FLIGHT or spec.unroll == 1
     assert spec.chunk <= max(k, spec.lanes * spec.vec)  # no pass beyond k unless k is under one load round
 
 
 def test_many_long_rows_take_whole_tiles_few_rows_smaller_ones():
-    big, _ = choose(stats_of(2048, 1024, 256), 256)
-    small, reason = choose(stats_of(512, 4608, 92), 256)
+    big, _ = choose(stats_of(2048, 1024, 256), 512)
+    small, reason = choose(stats_of(512, 4608, 92), 512)
     assert big.tile == 32 and big.unroll == 1
     assert small.tile < 32 and small.tile * small.unroll == fam.LOADS_IN_FLIGHT
     assert "tiles of" in reason and "132 SMs" in reason
@@ -79,14 +79,24 @@ def test_many_long_rows_take_whole_tiles_few_rows_smaller_ones():
 @pytest.mark.parametrize("rows,cols,per_row", [(2048, 1024, 256), (512, 4608, 92), (100_000, 512, 5)])
 def test_float32_k_of_one_pass_takes_the_one_pass_configuration(rows, cols, per_row):
     spec, reason = choose(stats_of(rows, cols, per_row), 128)
-    assert (spec.tile, spec.unroll, spec.block, spec.min_blocks) == (8, 4, 256, 3)
-    assert spec.chunk == 128 and "one pass of 8-nonzero tiles" in reason and "24 warps an SM" in reason
-    for k, dtype in ((256, "float32"), (64, "float32"), (128, "float16"), (120, "float32")):
+    assert (spec.lanes, spec.tile, spec.unroll, spec.block, spec.min_blocks) == (8, 8, 4, 256, 3)
+    assert spec.chunk == 128 and "one pass of 8-nonzero tiles for 8-lane groups" in reason
+    assert "24 warps an SM" in reason
+    for k, dtype in ((512, "float32"), (64, "float32"), (32, "float32"), (128, "float16"), (120, "float32")):
         other, why = choose(stats_of(rows, cols, per_row), k, dtype)
         assert "one pass" not in why and other.min_blocks == max(1, 65536 // (other.block * fam.REGISTERS))
     forced, why = choose(stats_of(rows, cols, per_row), 128, tile=16, block=512)
     assert (forced.tile, forced.unroll, forced.block, forced.min_blocks) == (16, 2, 512, 1) and "one pass" not in why
     assert choose(stats_of(rows, cols, per_row), 128, min_blocks=2)[0].min_blocks == 2
+
+
+def test_k_256_takes_16_lane_groups_in_one_pass_unless_the_rule_wants_large_blocks():
+    few, why = choose(stats_of(2048, 1024, 256), 256)  # the rule's blocks: 128 threads
+    assert (few.lanes, few.tile, few.unroll, few.block, few.min_blocks) == (16, 8, 4, 256, 3) and few.chunk == 256
+    assert "for 16-lane groups" in why
+    many, why = choose(stats_of(8192, 8192, 1640), 256)  # the rule's blocks: 512 threads
+    assert many.lanes == 8 and many.block == fam.LARGE_BLOCK and "one pass" not in why
+    assert choose(stats_of(2048, 1024, 256), 256, lanes=8)[0].lanes == 8  # an option turns it off
 
 
 def test_short_rows_take_short_tiles():
@@ -160,7 +170,8 @@ def test_selection_picks_the_family_for_sddmm_only():
     (Request("sddmm", k=8, options=(("order", "zigzag"),)), "order='zigzag'"),
     (Request("sddmm", k=8, options=(("block", 48),)), "block=48"),
     (Request("sddmm", k=8, options=(("unroll", 3),)), "unroll=3"),
-    (Request("sddmm", k=8, options=(("min_blocks", 0),)), "min_blocks=0")])
+    (Request("sddmm", k=8, options=(("min_blocks", 0),)), "min_blocks=0"),
+    (Request("sddmm", k=8, options=(("lanes", 3),)), "lanes=3")])
 def test_rule_declines_with_reasons(request_, needle):
     decision = fam._rule(stats_of(64, 64, 4), request_)
     assert not decision.accepted and needle in decision.reason

@@ -13,8 +13,8 @@ spare slots repeat its last column). A transposing warp-shuffle reduction then l
 consecutive rows and read overlapping rows of B (L1 reuse); the block is as large as an even
 spread over the SMs allows. Column indices are pre-scaled by k when that fits in 32 bits. k is
 a compile-time constant: the loops over a pass unroll and the k residue is resolved at compile
-time. Request options `tile`, `unroll`, `block`, `min_blocks`, `order`, `scaled` override the rule
-(tuning).
+time. Request options `tile`, `unroll`, `block`, `min_blocks`, `order`, `scaled`, `lanes` override
+the rule (tuning).
 """
 from __future__ import annotations
 
@@ -43,14 +43,18 @@ REGISTERS = 128  # per-thread register budget, through __launch_bounds__' minimu
 MAX_BLOCKS_PER_SM = 32
 THREADS_PER_SM = 2048
 INT32_MAX = 2**31 - 1
-# float32 with k exactly one pass of ONE_PASS_TILE-nonzero tiles of ONE_PASS_UNROLL loads (k = 128 with
-# 8 lanes of float4): such tiles, ONE_PASS_BLOCK-thread blocks and ONE_PASS_MIN_BLOCKS of them per SM
-# (85 registers, 24 warps an SM, against 16 at REGISTERS). In the H100 sweeps at k = 128
-# (benchmarks/results/h100-80gb-hbm3/probes/sddmm_sweep_one_pass.txt, sddmm_sweep_occupancy.txt) 1.06x
-# faster than the rule's tiles over 27 DLMC matrices and two squares (0.91-1.22x; 1.055x over 10 more);
-# at k = 256 (two passes) the same was 0.83x, and so were more warps with longer tiles at every k.
+# float32 with k exactly one pass of ONE_PASS_TILE-nonzero tiles of ONE_PASS_UNROLL float4 loads per lane
+# (k = 128 with 8-lane groups, k = 256 with 16): such tiles, ONE_PASS_BLOCK-thread blocks and
+# ONE_PASS_MIN_BLOCKS of them per SM (85 registers, 24 warps an SM, against 16 at REGISTERS). H100 sweeps
+# (benchmarks/results/h100-80gb-hbm3/probes/sddmm_sweep_one_pass*.txt, sddmm_sweep_occupancy.txt): at
+# k = 128 1.06x faster than the rule's tiles over 27 DLMC matrices and two squares (0.91-1.22x), 1.053x
+# over the suite's 62 cases; at k = 256 with 16-lane groups 1.10x where the rule's blocks are under
+# LARGE_BLOCK threads (12 of 20 cases, 0.93-1.22x) and 0.84-1.01x where they are not; narrower groups
+# (k = 32 with 2 or 4 lanes: 0.64x, 0.87x) and a second pass (k = 256 with 8 lanes: 0.83x) lose.
+ONE_PASS_LANES = (8, 16)
+LARGE_BLOCK = 512
 ONE_PASS_TILE, ONE_PASS_UNROLL, ONE_PASS_BLOCK, ONE_PASS_MIN_BLOCKS = 8, 4, 256, 3
-OPTIONS = ("tile", "unroll", "block", "min_blocks", "order", "scaled")  # request options that override the rule's choice
+OPTIONS = ("tile", "unroll", "block", "min_blocks", "order", "scaled", "lanes")  # request options that override the rule's choice
 
 
 @dataclass(frozen=True)
@@ -128,11 +132,21 @@ def choose_block(tiles: int, lanes: int, sms: int) -> int:
     return max(BLOCKS, key=lambda b: (round(score(b), 2), b))
 
 
-def one_pass(request: Request, lanes: int, vec: int) -> bool:
-    """Whether the ONE_PASS configuration applies: float32, k exactly one pass of 8-nonzero tiles,
-    and neither tile nor block forced by an option (the rest of the configuration follows from those)."""
-    return (request.dtype == "float32" and request.k == lanes * vec * ONE_PASS_UNROLL
-            and request.option("tile") is None and request.option("block") is None)
+def one_pass_lanes(stats, request: Request, vec: int, lanes: int, sms: int) -> int:
+    """The group width of the ONE_PASS configuration where it applies, else 0: float32, no tile,
+    block or lanes option, and k one pass of ONE_PASS_TILE x ONE_PASS_UNROLL vectors for groups of
+    ONE_PASS_LANES; wider groups than the rule's (k = 256) only where the rule's own blocks stay
+    under LARGE_BLOCK threads (with many tiles the rule's large blocks share B rows among more groups)."""
+    if request.dtype != "float32" or any(request.option(o) is not None for o in ("tile", "block", "lanes")):
+        return 0
+    width, rest = divmod(request.k, vec * ONE_PASS_UNROLL)
+    if rest or width not in ONE_PASS_LANES:
+        return 0
+    if width > lanes:
+        tile = choose_tile(stats, lanes, WARPS_PER_SM * sms)
+        if choose_block(estimated_tiles(stats, tile), lanes, sms) >= LARGE_BLOCK:
+            return 0
+    return width
 
 
 def choose(stats, request: Request) -> tuple[Spec, str]:
@@ -143,9 +157,10 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     m, n = stats.shape
     sms = sm_count(request.arch)
     vec = widest_vector(k, itemsize)
-    lanes = group_lanes(k, vec, itemsize)
+    lanes = int(request.option("lanes") or group_lanes(k, vec, itemsize))
     target = WARPS_PER_SM * sms
-    single = one_pass(request, lanes, vec)
+    single = one_pass_lanes(stats, request, vec, lanes, sms)
+    lanes = single or lanes
     tile = int(request.option("tile") or (ONE_PASS_TILE if single else choose_tile(stats, lanes, target)))
     unroll = int(request.option("unroll") or (ONE_PASS_UNROLL if single else
                  max(1, min(LOADS_IN_FLIGHT // tile, prev_pow2(max(1, k // (lanes * vec)))))))
@@ -171,14 +186,16 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
               f"{order}-major tiles"
               f"{'' if scaled else f'; {n} x {k} needs 64-bit offsets' if not fits else '; 64-bit offsets (option)'}")
     if single:
-        reason += (f"; k is one pass of {ONE_PASS_TILE}-nonzero tiles: fewer registers buy "
-                   f"{ONE_PASS_MIN_BLOCKS * ONE_PASS_BLOCK // WARP} warps an SM (measured 1.06x)")
+        reason += (f"; k is one pass of {ONE_PASS_TILE}-nonzero tiles for {lanes}-lane groups: fewer registers buy "
+                   f"{ONE_PASS_MIN_BLOCKS * ONE_PASS_BLOCK // WARP} warps an SM")
     return spec, reason
 
 
 def _check_options(request: Request) -> str | None:
     """Why the request's overrides cannot be used, or None."""
-    tile, unroll, block, min_blocks, order, scaled = (request.option(o) for o in OPTIONS)
+    tile, unroll, block, min_blocks, order, scaled, lanes = (request.option(o) for o in OPTIONS)
+    if lanes is not None and lanes not in (1, 2, 4, 8, 16, 32):
+        return f"option lanes={lanes}: expected a power of two up to 32"
     if tile is not None and tile not in (4, 8, 16, 32):
         return f"option tile={tile}: expected 4, 8, 16 or 32"
     if unroll is not None and (unroll < 1 or unroll & (unroll - 1) or unroll > 32):
