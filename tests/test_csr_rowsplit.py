@@ -142,3 +142,30 @@ def test_emulator_on_dlmc_matrices(data_dir):
         for dtype in ("float32", "float16"):
             y, ref = _emulate(a, 32, dtype)
             assert rel_error(y, ref) <= TOL[dtype], line
+
+
+def test_unroll_option_reaches_the_spec_and_its_source():
+    stats = stats_with_rows(200, m=512)
+    spec, _ = fam.choose(stats, Request("spmm", n=32, options=(("unroll", 4),)))
+    assert spec.unroll == 4 and spec.name.endswith(".u4") and spec.lanes > 1
+    assert fam.choose(stats, Request("spmm", n=32))[0].unroll == 1
+    scalar, _ = fam.choose(stats_with_rows(1), Request("spmm", n=1, options=(("unroll", 4),)))
+    assert scalar.lanes == 1 and scalar.unroll == 1  # one thread per row walks it alone
+    from sparsegen.render import render
+
+    src = render(spec)
+    assert "constexpr int UNROLL = 4;" in src and "for (; base + UNROLL * LANES <= end" in src
+    assert "UNROLL * LANES" not in render(fam.choose(stats, Request("spmm", n=32))[0])
+
+
+def test_bad_unroll_is_declined():
+    decision = fam._rule(stats_with_rows(16, m=64), Request("spmm", n=32, options=(("unroll", 3),)))
+    assert not decision.accepted and "unroll=3" in decision.reason
+
+
+def test_short_rows_at_narrow_n_load_two_chunks_a_step():
+    spec, reason = fam.choose(stats_with_rows(100, m=2048), Request("spmm", n=32))
+    assert spec.lanes > 1 and spec.unroll == fam.UNROLL == 2 and "2 chunks of" in reason
+    for request in (Request("spmm", n=64), Request("spmm", n=32, dtype="float16")):
+        assert fam.choose(stats_with_rows(100, m=2048), request)[0].unroll == 1
+    assert fam.choose(stats_with_rows(400, m=2048), Request("spmm", n=32))[0].unroll == 1

@@ -79,6 +79,18 @@ def test_long_rows_and_fused_epilogue(n, family):
         assert kernel.spec.lanes_k == 32
 
 
+@pytest.mark.parametrize("unroll", [2, 4, 8])
+@pytest.mark.parametrize("n,dtype", [(1, "float32"), (7, "float32"), (32, "float32"), (33, "float16"), (130, "float32")])
+def test_rowsplit_chunks_loaded_several_a_step(unroll, n, dtype):
+    """Rows of every length around the step (UNROLL x LANES nonzeros), the residue chunk, empty rows,
+    a column residue (n = 7, 33, 130) and the fused epilogue."""
+    a = sp.vstack([random_csr(200, 3000, 0.03, seed=unroll, empty_rows=0.2),
+                   sp.csr_matrix(np.ones((1, 3000), dtype=np.float32))]).tocsr()
+    bias = np.linspace(-1, 1, a.shape[0])
+    kernel = run_check(a, n, dtype, bias, relu=True, family="csr_rowsplit", unroll=unroll)
+    assert kernel.spec.unroll == (unroll if kernel.spec.lanes > 1 else 1)
+
+
 def test_official_graph_challenge_layer(examples_dir):
     w = sparsegen.load(examples_dir / "n1024-l1.tsv.gz", shape=(1024, 1024))
     y0 = sparsegen.load(examples_dir / "sparse-images-1024-first64.tsv.gz", shape=(64, 1024))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..formats import csr as FORMAT  # noqa: N812 - the family's format module
-from .base import (Arg, KernelSpec, Launch, Request, Rule, accept, epilogue_suffix, long_dtype, next_pow2,
+from .base import (Arg, KernelSpec, Launch, Request, Rule, accept, decline, epilogue_suffix, long_dtype, next_pow2,
                    prev_pow2, sm_count, spmm_gate, spmm_operands, widest_vector)
 
 FAMILY = "csr_rowsplit"
@@ -32,12 +32,13 @@ class Spec(KernelSpec):
     block: int  # threads per block
     bias: bool = False
     relu: bool = False
+    unroll: int = 1  # full chunks whose loads go out together (lanes > 1)
 
     @property
     def name(self) -> str:
         epi = epilogue_suffix(self.bias, self.relu)
         return (f"{FAMILY}.{self.dtype}.n{self.n}.v{self.vec}."
-                f"c{self.lanes_col}k{self.lanes_k}.b{self.block}{epi}")
+                f"c{self.lanes_col}k{self.lanes_k}.b{self.block}{f'.u{self.unroll}' if self.unroll > 1 else ''}{epi}")
 
     @property
     def lanes(self) -> int:
@@ -53,6 +54,15 @@ class Spec(KernelSpec):
 
 
 WARPS_PER_SM = 16  # resident warps per SM wanted to hide load latency (of 64 possible)
+# Two chunks a step (their index loads together, then all their X loads) for float32 at n <= 32 when
+# rows average <= UNROLL_MAX_MEAN nonzeros: there a row's dependent loads set the time. H100 sweep over
+# every DLMC matrix and four squares at n = 32 (benchmarks/results/h100-80gb-hbm3/probes/
+# spmm_sweep_rowsplit_unroll_n32.txt): on the 28 cases the rule gives csr_rowsplit, 1.13x (two chunks)
+# and 1.04x (four); rows of 410-819 nonzeros (the 4096 and 8192 squares at 90 %) 0.82-0.91x, so they
+# stay at one.
+UNROLL = 2
+UNROLL_MAX_N = 32
+UNROLL_MAX_MEAN = 128
 
 
 def warps_launched(m: int, n: int, vec: int, lanes_col: int, lanes_k: int) -> int:
@@ -77,7 +87,9 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
            and mean >= 4 * lanes_k and lanes_col * lanes_k == WARP):
         lanes_col, lanes_k, narrowed = lanes_col // 2, lanes_k * 2, True
     block = 128
-    spec = Spec(request.short_dtype, n, vec, lanes_col, lanes_k, block, request.bias, request.relu)
+    chunked = (request.dtype == "float32" and n <= UNROLL_MAX_N and mean <= UNROLL_MAX_MEAN)
+    unroll = int(request.option("unroll") or (UNROLL if chunked else 1)) if lanes_col * lanes_k > 1 else 1
+    spec = Spec(request.short_dtype, n, vec, lanes_col, lanes_k, block, request.bias, request.relu, unroll)
     if spec.lanes == 1:
         shape = "one thread per row and output vector (short rows, narrow n)"
     elif lanes_k == 1:
@@ -89,11 +101,15 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
                   f"for {sm_count(request.arch)} SMs)" if narrowed else "")
     reason = (f"rows avg {mean:.1f} nnz (CoV {stats.row_lengths.cov:.2f}), n={n}: "
               f"{vec}-wide loads, {shape}{why_narrow}; {warps} warps, {spec.rows_per_block} rows per "
-              f"{block}-thread block")
+              f"{block}-thread block"
+              f"{f'; {unroll} chunks of {spec.lanes} nonzeros loaded per step (short rows: their loads set the time)' if unroll > 1 else ''}")
     return spec, reason
 
 
 def _rule(stats, request: Request):
+    unroll = request.option("unroll")
+    if unroll is not None and unroll not in (1, 2, 4, 8):
+        return decline(f"option unroll={unroll!r}: expected 1, 2, 4 or 8 (chunks loaded per step)")
     return spmm_gate(stats, request) or accept(*choose(stats, request))
 
 
