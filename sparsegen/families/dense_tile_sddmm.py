@@ -43,8 +43,12 @@ REGISTERS = 128  # per-thread register budget, through __launch_bounds__' minimu
 # 32 and 128 takes k = 32's stricter bounds; below 32 (not measured) stays with sputnik_sddmm.
 MIN_K = 32
 LONG_K = 128
-LONG_K_BOUNDS = (0.28, 0.5)  # k >= LONG_K: least fill of the nonempty tiles, least tiles per SM
-SHORT_K_BOUNDS = (0.33, 0.9)  # MIN_K <= k < LONG_K
+# (least fill of the nonempty tiles, least tiles per SM): a matrix qualifies by meeting either pair.
+LONG_K_BOUNDS = ((0.28, 0.5),)  # k >= LONG_K
+# MIN_K <= k < LONG_K. The second pair: in the sweep after 4299f57 (probes/sddmm_sweep_crossover.txt)
+# 30 % fill at k = 32 ran 1.12-1.38x faster than sputnik_sddmm on grids of 1.9-31 tiles per SM (the
+# 1000 x 2048 layers, the 2048-8192 squares) and 0.92-0.97x on grids of 0.97.
+SHORT_K_BOUNDS = ((0.33, 0.9), (0.28, 1.5))
 OPTIONS = ("tile_m", "slice_k", "stages", "min_blocks")
 INT32_MAX = 2**31 - 1
 
@@ -77,8 +81,8 @@ class Spec(KernelSpec):
         return max(stages, self.tile_m * OUT_STRIDE) * 4 + self.tile_m * 12
 
 
-def bounds(k: int) -> tuple[float, float]:
-    """(least fill, least tiles per SM) where whole tiles were measured ahead at this k."""
+def bounds(k: int) -> tuple[tuple[float, float], ...]:
+    """The (least fill, least tiles per SM) pairs where whole tiles were measured ahead at this k."""
     return LONG_K_BOUNDS if k >= LONG_K else SHORT_K_BOUNDS
 
 
@@ -115,7 +119,8 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     spec = Spec("f32", k, vec, int(tile_m), slice_k, stages, min_blocks)
     fill = active_fill(stats)
     tiles = grid_tiles(m, n, spec.tile_m)
-    min_fill, _ = bounds(k)
+    met = [b for b in bounds(k) if fill >= b[0] and tiles >= b[1] * sms] or list(bounds(k))  # forced: the first
+    min_fill = met[0][0]
     reason = (f"fill of the nonempty tiles {fill:.0%} >= {min_fill:.0%} at k={k}: whole "
               f"{spec.tile_m}x{TILE_N} tiles of A.B^T (up to {tiles} blocks, {tiles / sms:.1f} per SM) cost less "
               f"than a B row per entry; k in slices of {slice_k}, {stages} in flight, {vec}-float copies; "
@@ -162,15 +167,17 @@ def _outside_measured(stats, request: Request, spec: Spec) -> str | None:
     m, n = stats.shape
     if request.k < MIN_K:
         return f"k={request.k} < {MIN_K}: one short slice does not pay for staging whole tiles"
-    min_fill, min_per_sm = bounds(request.k)
     fill = active_fill(stats)
-    if fill < min_fill:
-        return f"fill of the nonempty tiles {fill:.1%} < {min_fill:.0%} at k={request.k}: a B row per entry is cheaper"
     blocks, sms = grid_tiles(m, n, spec.tile_m), sm_count(request.arch)
-    if blocks < min_per_sm * sms:
-        return (f"{blocks} tiles of {spec.tile_m}x{TILE_N} for {sms} SMs (< {min_per_sm} per SM at k={request.k}): "
-                "each block walks all of k alone")
-    return None
+    pairs = bounds(request.k)
+    if any(fill >= min_fill and blocks >= per_sm * sms for min_fill, per_sm in pairs):
+        return None
+    lowest = min(f for f, _ in pairs)
+    if fill < lowest:
+        return f"fill of the nonempty tiles {fill:.1%} < {lowest:.0%} at k={request.k}: a B row per entry is cheaper"
+    need = " or ".join(f"{per_sm} per SM from {f:.0%} fill" for f, per_sm in pairs if fill >= f)
+    return (f"{blocks} tiles of {spec.tile_m}x{TILE_N} for {sms} SMs at {fill:.0%} fill (< {need} at k={request.k}): "
+            "each block walks all of k alone")
 
 
 RULES = (Rule("dense_tile_sddmm", FAMILY, _rule),)
