@@ -48,7 +48,8 @@ def main() -> int:
              if c["source"] == "dlmc" and c["dtype"] == "float32" and c["pass"]]
     print(f"L1 datapath {SMS * BYTES_PER_CYCLE * CLOCK_HZ / 1e12:.1f} TB/s, {BYTES_PER_FMA} B per multiply-add, "
           f"launch floor {args.floor_us} us")
-    print("| op | n/k | cases | bound: cuSPARSE / best time | measured vs cuSPARSE | (time - floor) / (bound - floor) |")
+    print("| op | n/k | cases | bound: cuSPARSE / best time | measured vs cuSPARSE "
+          "| (time - floor) / (bound - floor) |")
     print("|---|---|---|---|---|---|")
     for op in ("spmm", "sddmm"):
         mine = [c for c in cases if c["op"] == op]

@@ -22,7 +22,8 @@ from .test_sputnik_sddmm import operands, reference
 
 
 def pick(a, k, dtype="float32", arch="sm_90", **options):
-    return select_request(analyze(a), Request("sddmm", k=k, dtype=dtype, arch=arch, options=tuple(sorted(options.items()))))
+    request = Request("sddmm", k=k, dtype=dtype, arch=arch, options=tuple(sorted(options.items())))
+    return select_request(analyze(a), request)
 
 
 # ---- the rule -------------------------------------------------------------------------------------

@@ -80,7 +80,8 @@ def test_long_rows_and_fused_epilogue(n, family):
 
 
 @pytest.mark.parametrize("unroll", [2, 4, 8])
-@pytest.mark.parametrize("n,dtype", [(1, "float32"), (7, "float32"), (32, "float32"), (33, "float16"), (130, "float32")])
+@pytest.mark.parametrize("n,dtype", [(1, "float32"), (7, "float32"), (32, "float32"), (33, "float16"),
+                                     (130, "float32")])
 def test_rowsplit_chunks_loaded_several_a_step(unroll, n, dtype):
     """Rows of every length around the step (UNROLL x LANES nonzeros), the residue chunk, empty rows,
     a column residue (n = 7, 33, 130) and the fused epilogue."""

@@ -99,10 +99,11 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     warps = warps_launched(m, n, vec, lanes_col, lanes_k)
     why_narrow = (f" (narrowed to {-(-n // spec.tile_n)} column tiles: {m} rows alone give too few warps "
                   f"for {sm_count(request.arch)} SMs)" if narrowed else "")
+    steps = (f"; {unroll} chunks of {spec.lanes} nonzeros loaded per step (short rows: their loads set the time)"
+             if unroll > 1 else "")
     reason = (f"rows avg {mean:.1f} nnz (CoV {stats.row_lengths.cov:.2f}), n={n}: "
               f"{vec}-wide loads, {shape}{why_narrow}; {warps} warps, {spec.rows_per_block} rows per "
-              f"{block}-thread block"
-              f"{f'; {unroll} chunks of {spec.lanes} nonzeros loaded per step (short rows: their loads set the time)' if unroll > 1 else ''}")
+              f"{block}-thread block{steps}")
     return spec, reason
 
 

@@ -54,7 +54,8 @@ INT32_MAX = 2**31 - 1
 ONE_PASS_LANES = (8, 16)
 LARGE_BLOCK = 512
 ONE_PASS_TILE, ONE_PASS_UNROLL, ONE_PASS_BLOCK, ONE_PASS_MIN_BLOCKS = 8, 4, 256, 3
-OPTIONS = ("tile", "unroll", "block", "min_blocks", "order", "scaled", "lanes")  # request options that override the rule's choice
+# request options that override the rule's choice
+OPTIONS = ("tile", "unroll", "block", "min_blocks", "order", "scaled", "lanes")
 
 
 @dataclass(frozen=True)
