@@ -150,3 +150,12 @@ def test_every_code_shape_compiles_for_sm90(shape, epilogue):
                                bias=np.ones(m) if epilogue else None, relu=epilogue,
                                options={"family": "panel_spmm"})
     assert nvcc.compile_cubin(kernel.source, "sm_90", name=kernel.spec.name)
+
+
+def test_k_splits_fill_one_wave_of_the_blocks_an_sm_holds():
+    assert fam.resident_blocks(81 * 1024) == 2 and fam.resident_blocks(73 * 1024) == 3
+    assert fam.resident_blocks(10 * 1024) == fam.REGISTER_BLOCKS
+    assert fam.choose_splits(72, 64, 2 * 132) == 4  # 256 blocks: no second, partial wave of 320
+    assert fam.choose_splits(72, 64, 3 * 132) == 6
+    assert fam.choose_splits(3, 64, 3 * 132) == 3  # at most one chunk a block
+    assert fam.choose_splits(72, 500, 2 * 132) == 1

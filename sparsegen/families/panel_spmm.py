@@ -29,7 +29,15 @@ REUSE = 16  # nonzeros one staged X row should serve: panel rows ~ REUSE / densi
 MIN_PANEL, MAX_PANEL = 32, 256
 STAGE_BYTES = 48 * 1024  # one pipeline stage (X tile + segment); two stages, two blocks per SM
 X_TILE_BYTES = 32 * 1024
-BLOCKS_PER_SM = 2  # blocks wanted per SM (the shared memory of two stages allows two)
+# The split of K fills one wave of the blocks the SMs hold (`resident_blocks`: two or three, by the
+# shared memory). Before, it aimed at 2 blocks per SM whatever the SMs held: 320 blocks of 15 chunks
+# where two fit (a second, partial wave) and 320 where three fit (a quarter of the slots idle). H100
+# sweep at n = 1024 over the 17 DLMC cases this kernel serves (probes/spmm_sweep_panel_splits.txt,
+# splits 2-6 forced): the one-wave split was the fastest of them in all 17, 1.13x over the old
+# (1.00-1.40x).
+SM_SHARED_BYTES = 228 * 1024  # shared memory of an H100 SM
+BLOCK_RESERVED_BYTES = 1024  # the driver's shared memory per block
+REGISTER_BLOCKS = 4  # 256-thread blocks the register file holds at this kernel's 61 registers (ncu)
 PAIR_SLACK = 1.25  # staged capacity over the expected segment; longer segments read the rest from L2
 FINISH_THREADS = 256
 # Where it beat csr_rowsplit and sputnik_spmm in the H100 sweep over every 5th DLMC matrix at
@@ -121,9 +129,24 @@ def pair_capacity(panel_rows: int, kc: int, density: float) -> int:
     return int(min(panel_rows * kc, -(-int(PAIR_SLACK * expected + 32) // 4) * 4))
 
 
-def choose(stats, request: Request, *, reuse: int = REUSE, blocks_per_sm: int = BLOCKS_PER_SM) -> tuple[Spec, str]:
+def resident_blocks(shared_bytes: int) -> int:
+    """Blocks of this kernel an SM holds at once: shared memory (with the driver's reserve per
+    block), registers (REGISTER_BLOCKS) or warps, whichever binds first."""
+    return max(1, min(64 // WARPS, REGISTER_BLOCKS, SM_SHARED_BYTES // (shared_bytes + BLOCK_RESERVED_BYTES)))
+
+
+def choose_splits(chunks: int, blocks: int, slots: int) -> int:
+    """Ways to split K: as many as one wave of the GPU's `slots` resident blocks holds (no second,
+    partial wave), at least one, at most one chunk a block."""
+    return max(1, min(chunks, slots // max(blocks, 1)))
+
+
+def choose(stats, request: Request, *, reuse: int = REUSE, blocks_per_sm: int | None = None,
+           splits: int | None = None) -> tuple[Spec, str]:
     """Tile from n and the dtype, panel height from the density (reuse of a staged X row), chunk
-    from the shared-memory budget, and a split of K when the panels alone are too few blocks."""
+    from the shared-memory budget, and a split of K when the panels alone are too few blocks
+    (`choose_splits` for the blocks an SM holds, `resident_blocks`; the options `blocks_per_sm` and
+    `splits` force those)."""
     f16 = request.dtype == "float16"
     itemsize = 2 if f16 else 4
     (m, k), n, density = stats.shape, request.n, max(stats.density, 1e-6)
@@ -140,15 +163,17 @@ def choose(stats, request: Request, *, reuse: int = REUSE, blocks_per_sm: int = 
         kc //= 2
     chunks = max(-(-k // kc), 1)
     blocks = max(-(-m // panel_rows), 1) * -(-n // tile_n)
-    splits = min(chunks, max(1, -(-blocks_per_sm * sm_count(request.arch) // blocks)))
-    cps = -(-chunks // splits)
+    shared = 2 * stage_bytes(kc, tile_n, itemsize, record, pair_capacity(panel_rows, kc, density))
+    per_sm = blocks_per_sm or resident_blocks(shared)
+    cps = -(-chunks // (splits or choose_splits(chunks, blocks, per_sm * sm_count(request.arch))))
     spec = Spec(request.short_dtype, m, k, n, vec, group, WARPS, rpg, kc, cps,
                 pair_capacity(panel_rows, kc, density), round(float(density), 3), request.bias, request.relu)
     reason = (f"density {density:.3f}: panels of {panel_rows} rows share each staged X row "
               f"(~{panel_rows * density:.1f} nonzeros per row copied); {kc} x {tile_n} X tiles in shared memory, "
               f"{vec}-wide loads")
     if spec.splits > 1:
-        reason += f"; K split {spec.splits} ways ({blocks} panel tiles alone, under {blocks_per_sm} per SM)"
+        reason += (f"; K split {spec.splits} ways ({blocks} panel tiles alone): {blocks * spec.splits} blocks of "
+                   f"{spec.cps} chunks, one wave at {per_sm} blocks per SM ({shared // 1024} KB shared memory each)")
     return spec, reason
 
 
@@ -172,15 +197,18 @@ def _rule(stats, request: Request):
     gate = spmm_gate(stats, request)
     if gate:
         return gate
-    reuse, per_sm = request.option("reuse", REUSE), request.option("blocks_per_sm", BLOCKS_PER_SM)
+    reuse, per_sm = request.option("reuse", REUSE), request.option("blocks_per_sm")
+    splits = request.option("splits")
     if not (isinstance(reuse, int) and 1 <= reuse <= 256):
         return decline(f"options reuse={reuse!r}: expected an integer from 1 to 256")
-    if not (isinstance(per_sm, int) and 1 <= per_sm <= 64):
+    if per_sm is not None and not (isinstance(per_sm, int) and 1 <= per_sm <= 64):
         return decline(f"options blocks_per_sm={per_sm!r}: expected an integer from 1 to 64")
+    if splits is not None and not (isinstance(splits, int) and splits >= 1):
+        return decline(f"options splits={splits!r}: expected a positive integer (ways to split K)")
     outside = None if request.option("family") == FAMILY else _outside_measured(stats, request)
     if outside:
         return outside
-    return accept(*choose(stats, request, reuse=reuse, blocks_per_sm=per_sm))
+    return accept(*choose(stats, request, reuse=reuse, blocks_per_sm=per_sm, splits=splits))
 
 
 RULES = (Rule("panel_spmm", FAMILY, _rule),)
