@@ -2,10 +2,12 @@
 
     ncu --section SpeedOfLight -k regex:sputnik python benchmarks/profile_spmm.py 8192,0.9,128
     ... python benchmarks/profile_spmm.py M,SPARSITY,N[,DTYPE][,OPTION=VALUE...] ...
+    ... python benchmarks/profile_spmm.py rn50/magnitude_pruning/0.9/bottleneck_2_block_group4_1_1,N[,...] ...
 
-The matrix is `sparsegen.bench.dlmc.random_square(M, SPARSITY, seed=1)`; DTYPE is float32 (default)
-or float16; OPTION=VALUE pairs are compile options (integers and True/False parsed), e.g.
-family=sputnik_spmm.
+The matrix is `sparsegen.bench.dlmc.random_square(M, SPARSITY, seed=1)`, or a DLMC matrix named by
+its path under the data folder ($SPARSEGEN_DATA, default ../shared/data); DTYPE is float32
+(default) or float16; OPTION=VALUE pairs are compile options (integers and True/False parsed),
+e.g. family=sputnik_spmm.
 """
 from __future__ import annotations
 
@@ -20,11 +22,17 @@ from sparsegen.bench.dlmc import random_square  # noqa: E402
 
 
 def main():
+    data = os.environ.get("SPARSEGEN_DATA", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"))
     for arg in sys.argv[1:]:
-        m, s, n, *rest = arg.split(",")
+        fields = arg.split(",")
+        if "/" in fields[0]:
+            a = sparsegen.io.load(os.path.join(data, "dlmc", fields[0] + ".smtx.gz"))
+            n, *rest = fields[1:]
+        else:
+            m, s, n, *rest = fields
+            a = random_square(int(m), float(s), seed=1)
         dtype = rest.pop(0) if rest and "=" not in rest[0] else "float32"
         opts = dict(option(o) for o in rest)
-        a = random_square(int(m), float(s), seed=1)
         kern = sparsegen.compile(a, op="spmm", n=int(n), dtype=dtype, options=opts)
         launch_three_times(kern, a.shape, int(n), dtype)
 
