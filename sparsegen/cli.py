@@ -13,6 +13,7 @@ from .errors import SparsegenError
 def _request_args(p: argparse.ArgumentParser, n_default: int | None = 128):
     p.add_argument("--op", default="spmm", help="operation (default spmm)")
     p.add_argument("--n", type=int, default=n_default, help="columns of the dense operand (default %(default)s)")
+    p.add_argument("--k", type=int, default=None, help="sddmm: the inner dimension (columns of A and B)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--bias", type=float, default=None, help="fuse a bias (one value for every row)")
     p.add_argument("--relu", action="store_true", help="fuse ReLU after the bias")
@@ -99,10 +100,28 @@ def _stats_and_selection(args):
     from .io import as_csr
     from .select import select_request
 
+    from .api import _request
+
+    _check_k(args)
+    n = None if args.op == "sddmm" else args.n
+    request = _request(args.op, n, args.k, args.dtype, Request.arch, args.bias, args.relu, None, "nonzero", None)
     csr = as_csr(_load(args))
     stats = analyze(csr)
-    request = Request(op=args.op, n=args.n, dtype=args.dtype, bias=args.bias is not None, relu=args.relu)
     return csr, stats, request, select_request(stats, request)
+
+
+def _check_k(args) -> None:
+    """--k belongs to sddmm and sddmm needs it: say so before reading the matrix."""
+    if args.op == "sddmm" and not args.k:
+        raise SparsegenError("--op sddmm needs --k (the inner dimension: columns of A and B)")
+    if args.op != "sddmm" and args.k is not None:
+        raise SparsegenError(f"--k is the inner dimension of sddmm; --op {args.op} takes --n")
+
+
+def _request_flags(args) -> str:
+    """The flags that reproduce this request on the command line."""
+    size = f"--k {args.k}" if args.op == "sddmm" else f"--n {args.n}"
+    return f"--op {args.op} {size} --dtype {args.dtype}"
 
 
 def skinny_predictions(stats, request) -> tuple:
@@ -179,7 +198,7 @@ def cmd_inspect(args) -> int:
 def _source(selection, stats, args) -> str:
     from .render import Provenance, render
 
-    reproduce = f"sparsegen inspect {args.file} --op {args.op} --n {args.n} --dtype {args.dtype} --source"
+    reproduce = f"sparsegen inspect {args.file} {_request_flags(args)} --source"
     return render(selection.spec, Provenance(stats.structure_hash, reproduce))
 
 
@@ -189,8 +208,10 @@ def cmd_compile(args) -> int:
     arch = args.arch
     if arch is None and runtime.available():
         arch = runtime.current_arch()
-    reproduce = f"sparsegen compile {args.file} --op {args.op} --n {args.n} --dtype {args.dtype}"
-    kernel = api.compile(_load(args), op=args.op, n=args.n, dtype=args.dtype, bias=args.bias, relu=args.relu,
+    _check_k(args)
+    reproduce = f"sparsegen compile {args.file} {_request_flags(args)}"
+    n = None if args.op == "sddmm" else args.n
+    kernel = api.compile(_load(args), op=args.op, n=n, k=args.k, dtype=args.dtype, bias=args.bias, relu=args.relu,
                          arch=arch, backend="emulate", reproduce=reproduce)
     written = kernel.dump(args.dump)
     print(f"{kernel.spec.name}  ({kernel.arch})")

@@ -82,8 +82,23 @@ def test_missing_file_and_unknown_extension(tmp_path, capsys):
 
 
 def test_unsupported_request_exit_2(capsys, examples_dir):
-    code, _, err = run(capsys, "inspect", examples_dir / "n1024-l1.tsv.gz", "--op", "sddmm")
+    code, _, err = run(capsys, "inspect", examples_dir / "n1024-l1.tsv.gz", "--op", "sddmm", "--k", "64",
+                       "--dtype", "bfloat16")
     assert code == 2 and "no kernel family accepts" in err and "csr_rowsplit" in err
+
+
+def test_inspect_sddmm_takes_k(capsys, examples_dir):
+    layer = examples_dir / "n1024-l1.tsv.gz"
+    code, out, _ = run(capsys, "inspect", layer, "--op", "sddmm", "--k", "128", "--source")
+    assert code == 0
+    assert "selection   sputnik_sddmm.f32.k128." in out and "reason      k=128:" in out
+    assert f"reproduce: sparsegen inspect {layer} --op sddmm --k 128 --dtype float32 --source" in out
+    code, _, err = run(capsys, "inspect", layer, "--op", "sddmm")
+    assert code == 2 and "--op sddmm needs --k" in err
+    code, _, err = run(capsys, "inspect", layer, "--k", "64")
+    assert code == 2 and "--op spmm takes --n" in err
+    code, _, err = run(capsys, "inspect", layer, "--op", "sddmm", "--k", "64", "--relu")
+    assert code == 2 and "sddmm has no epilogue" in err
 
 
 @pytest.mark.nvcc
