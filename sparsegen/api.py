@@ -296,7 +296,8 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
     t0 = time.perf_counter()
     timings = Timings()
     if isinstance(matrix, (str, os.PathLike)):
-        reproduce = reproduce or f"sparsegen compile {matrix} --op {op} --n {n} --dtype {dtype}"
+        size = f"--k {k}" if op == "sddmm" else f"--n {n}"
+        reproduce = reproduce or f"sparsegen compile {matrix} --op {op} {size} --dtype {dtype}"
         matrix = load(matrix, **load_options)
     elif load_options:
         raise SparsegenError(f"unexpected options {sorted(load_options)} (reader options apply to file paths)")
