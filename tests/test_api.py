@@ -38,7 +38,8 @@ def test_compile_accepts_dense_arrays_and_other_sparse_formats():
 def test_compile_a_file_path_with_reader_options(examples_dir):
     k = sparsegen.compile(examples_dir / "n1024-l1.tsv.gz", n=4, backend="emulate", shape=(1024, 1024))
     assert k.shape == (1024, 1024)
-    assert f"reproduce: sparsegen compile {examples_dir / 'n1024-l1.tsv.gz'} --op spmm --n 4 --dtype float32" in k.source
+    layer = examples_dir / "n1024-l1.tsv.gz"
+    assert f"reproduce: sparsegen compile {layer} --op spmm --n 4 --dtype float32" in k.source
     sddmm = sparsegen.compile(examples_dir / "n1024-l1.tsv.gz", op="sddmm", k=64, backend="emulate")
     assert "--op sddmm --k 64 --dtype float32" in sddmm.source
 
