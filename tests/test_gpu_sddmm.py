@@ -156,3 +156,17 @@ def test_every_dlmc_matrix(data_dir):
         a = source.load()
         for k in (32, 128):
             run_check(a, k, "float32" if (i + k) % 3 else "float16", seed=source.seed + k)
+
+
+def test_tune_times_both_sddmm_families_and_keeps_the_fastest():
+    """tune=True for op='sddmm': a 50 % pattern at k = 128 is accepted by both families; the faster
+    is returned, cached by structure and request, and its values match the reference."""
+    a = random_csr(512, 2048, 0.5, seed=9)
+    kernel = sparsegen.compile(a, op="sddmm", k=128, backend="gpu", tune=True)
+    assert {t.family for t in kernel.tuning} >= {"sputnik_sddmm", "dense_tile_sddmm"}
+    best = min(kernel.tuning, key=lambda t: t.ms)
+    assert kernel.spec.family == best.family and kernel.spec.name == best.spec
+    again = sparsegen.compile(a, op="sddmm", k=128, backend="gpu", tune=True)
+    assert again.tuning == kernel.tuning  # read from the cache, not re-measured
+    x, y = operands(a, 128, "float32", seed=4)
+    assert rel_error(again(x, y), reference(a, x, y)) <= TOL["float32"]
