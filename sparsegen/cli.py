@@ -137,6 +137,8 @@ def inspect_record(args, stats, selection, predicted=()) -> dict:
     d = stats.to_dict()
     record = {"file": str(args.file)}
     record.update(d)
+    record["request"] = {"op": args.op, "n": None if args.op == "sddmm" else args.n, "k": args.k,
+                         "dtype": args.dtype, "bias": args.bias, "relu": args.relu}
     record["selection"] = {"family": selection.spec.family, "spec": selection.spec.name,
                            "reason": selection.reason, "rule": selection.rule,
                            "candidates": [s.name for _, s, _ in selection.candidates],

@@ -46,6 +46,12 @@ def test_inspect_json_has_the_documented_keys(capsys, examples_dir):
     assert record["selection"]["family"] == "csr_rowsplit"
     assert record["selection"]["spec"].startswith("csr_rowsplit.f32.n32.v4.c4k8")
     assert record["selection"]["reason"]
+    assert record["request"] == {"op": "spmm", "n": 32, "k": None, "dtype": "float32", "bias": None, "relu": False}
+    code, out, _ = run(capsys, "inspect", examples_dir / "dlmc-transformer-mp0.9-encoder0-ffn1.smtx.gz",
+                       "--json", "--op", "sddmm", "--k", "64")
+    record = json.loads(out)
+    assert record["request"]["k"] == 64 and record["request"]["n"] is None
+    assert record["selection"]["family"] in ("sputnik_sddmm", "dense_tile_sddmm")
 
 
 def test_inspect_source(capsys, examples_dir):
