@@ -31,6 +31,15 @@ def test_k_splits_add_up(dtype, blocks_per_sm):
     assert kernel.spec.splits > 1
 
 
+@pytest.mark.parametrize("splits", [1, 3, 7, 1000])
+def test_forced_k_splits(splits):
+    """The option `splits`: none, splits whose last one is short (65 chunks: K = 4100 leaves a residue
+    chunk), more than there are chunks."""
+    a = random_csr(300, 4100, 0.1, seed=splits, empty_rows=0.1)
+    kernel = check(a, 256, "float32", bias=np.linspace(-1, 1, 300), relu=True, splits=splits)
+    assert kernel.spec.splits == min(splits, kernel.spec.chunks)
+
+
 def test_dense_block_overflows_the_staged_segment():
     """A 64 x 2000 all-dense block inside a 1 % matrix: its segments are far past the staged
     capacity sized from the density, so their remainder is read from global memory."""
