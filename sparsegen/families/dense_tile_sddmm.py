@@ -86,6 +86,11 @@ def bounds(k: int) -> tuple[tuple[float, float], ...]:
     return LONG_K_BOUNDS if k >= LONG_K else SHORT_K_BOUNDS
 
 
+def bounds_met(k: int, fill: float, tiles: int, sms: int) -> list[tuple[float, float]]:
+    """The pairs of `bounds(k)` that `fill` and `tiles` meet on `sms` SMs."""
+    return [(f, per_sm) for f, per_sm in bounds(k) if fill >= f and tiles >= per_sm * sms]
+
+
 def threads_for(tile_m: int) -> int:
     """A warp per 32 x 32 of a tile_m x 64 tile."""
     return 32 * (tile_m // WARP_TILE) * (TILE_N // WARP_TILE)
@@ -119,8 +124,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     spec = Spec("f32", k, vec, int(tile_m), slice_k, stages, min_blocks)
     fill = active_fill(stats)
     tiles = grid_tiles(m, n, spec.tile_m)
-    met = [b for b in bounds(k) if fill >= b[0] and tiles >= b[1] * sms] or list(bounds(k))  # forced: the first
-    min_fill = met[0][0]
+    min_fill = (bounds_met(k, fill, tiles, sms) or bounds(k))[0][0]  # forced outside them: the first pair
     reason = (f"fill of the nonempty tiles {fill:.0%} >= {min_fill:.0%} at k={k}: whole "
               f"{spec.tile_m}x{TILE_N} tiles of A.B^T (up to {tiles} blocks, {tiles / sms:.1f} per SM) cost less "
               f"than a B row per entry; k in slices of {slice_k}, {stages} in flight, {vec}-float copies; "
@@ -169,9 +173,9 @@ def _outside_measured(stats, request: Request, spec: Spec) -> str | None:
         return f"k={request.k} < {MIN_K}: one short slice does not pay for staging whole tiles"
     fill = active_fill(stats)
     blocks, sms = grid_tiles(m, n, spec.tile_m), sm_count(request.arch)
-    pairs = bounds(request.k)
-    if any(fill >= min_fill and blocks >= per_sm * sms for min_fill, per_sm in pairs):
+    if bounds_met(request.k, fill, blocks, sms):
         return None
+    pairs = bounds(request.k)
     lowest = min(f for f, _ in pairs)
     if fill < lowest:
         return f"fill of the nonempty tiles {fill:.1%} < {lowest:.0%} at k={request.k}: a B row per entry is cheaper"

@@ -27,7 +27,7 @@ WARPS = 8  # warps per block
 MAX_ACC = 32  # fp32 accumulators per lane (rows per group x vector)
 REUSE = 16  # nonzeros one staged X row should serve: panel rows ~ REUSE / density
 MIN_PANEL, MAX_PANEL = 32, 256
-STAGE_BYTES = 48 * 1024  # one pipeline stage (X tile + segment); two stages, two blocks per SM
+STAGE_BYTES = 48 * 1024  # one pipeline stage (X tile + segment); two stages, so two or more blocks per SM
 X_TILE_BYTES = 32 * 1024
 # The split of K fills one wave of the blocks the SMs hold (`resident_blocks`: two or three, by the
 # shared memory). Before, it aimed at 2 blocks per SM whatever the SMs held: 320 blocks of 15 chunks
@@ -163,17 +163,19 @@ def choose(stats, request: Request, *, reuse: int = REUSE, blocks_per_sm: int | 
         kc //= 2
     chunks = max(-(-k // kc), 1)
     blocks = max(-(-m // panel_rows), 1) * -(-n // tile_n)
-    shared = 2 * stage_bytes(kc, tile_n, itemsize, record, pair_capacity(panel_rows, kc, density))
+    pair_cap = pair_capacity(panel_rows, kc, density)
+    shared = 2 * stage_bytes(kc, tile_n, itemsize, record, pair_cap)  # = Spec.shared_bytes, needed before the Spec
     per_sm = blocks_per_sm or resident_blocks(shared)
     cps = -(-chunks // (splits or choose_splits(chunks, blocks, per_sm * sm_count(request.arch))))
-    spec = Spec(request.short_dtype, m, k, n, vec, group, WARPS, rpg, kc, cps,
-                pair_capacity(panel_rows, kc, density), round(float(density), 3), request.bias, request.relu)
+    spec = Spec(request.short_dtype, m, k, n, vec, group, WARPS, rpg, kc, cps, pair_cap, round(float(density), 3),
+                request.bias, request.relu)
     reason = (f"density {density:.3f}: panels of {panel_rows} rows share each staged X row "
               f"(~{panel_rows * density:.1f} nonzeros per row copied); {kc} x {tile_n} X tiles in shared memory, "
               f"{vec}-wide loads")
     if spec.splits > 1:
         reason += (f"; K split {spec.splits} ways ({blocks} panel tiles alone): {blocks * spec.splits} blocks of "
-                   f"{spec.cps} chunks, one wave at {per_sm} blocks per SM ({shared // 1024} KB shared memory each)")
+                   f"{spec.cps} chunks, {'forced' if splits else 'one wave'} at {per_sm} blocks per SM "
+                   f"({shared // 1024} KB shared memory each)")
     return spec, reason
 
 
