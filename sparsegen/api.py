@@ -271,6 +271,12 @@ def _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, options) -> Requ
                    bias=bias is not None, relu=bool(relu), options=tuple(sorted(opts.items())))
 
 
+def request_flags(op: str, n, k, dtype: str) -> str:
+    """The command-line flags that ask for this request (sddmm gives k, the others n)."""
+    size = f"--k {k}" if op == "sddmm" else f"--n {n}"
+    return f"--op {op} {size} --dtype {dtype}"
+
+
 def _positive_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
 
@@ -296,8 +302,7 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
     t0 = time.perf_counter()
     timings = Timings()
     if isinstance(matrix, (str, os.PathLike)):
-        size = f"--k {k}" if op == "sddmm" else f"--n {n}"
-        reproduce = reproduce or f"sparsegen compile {matrix} --op {op} {size} --dtype {dtype}"
+        reproduce = reproduce or f"sparsegen compile {matrix} {request_flags(op, n, k, dtype)}"
         matrix = load(matrix, **load_options)
     elif load_options:
         raise SparsegenError(f"unexpected options {sorted(load_options)} (reader options apply to file paths)")

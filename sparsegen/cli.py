@@ -96,15 +96,14 @@ def _load(args):
 
 def _stats_and_selection(args):
     from .analyze import analyze
+    from .api import _request
     from .families.base import Request
     from .io import as_csr
     from .select import select_request
 
-    from .api import _request
-
     _check_k(args)
-    n = None if args.op == "sddmm" else args.n
-    request = _request(args.op, n, args.k, args.dtype, Request.arch, args.bias, args.relu, None, "nonzero", None)
+    request = _request(args.op, _n(args), args.k, args.dtype, Request.arch, args.bias, args.relu, cap=None,
+                       bias_rule="nonzero", options=None)
     csr = as_csr(_load(args))
     stats = analyze(csr)
     return csr, stats, request, select_request(stats, request)
@@ -118,10 +117,15 @@ def _check_k(args) -> None:
         raise SparsegenError(f"--k is the inner dimension of sddmm; --op {args.op} takes --n")
 
 
+def _n(args) -> int | None:
+    """--n, which sddmm does not take (its size is --k)."""
+    return None if args.op == "sddmm" else args.n
+
+
 def _request_flags(args) -> str:
-    """The flags that reproduce this request on the command line."""
-    size = f"--k {args.k}" if args.op == "sddmm" else f"--n {args.n}"
-    return f"--op {args.op} {size} --dtype {args.dtype}"
+    from .api import request_flags
+
+    return request_flags(args.op, args.n, args.k, args.dtype)
 
 
 def skinny_predictions(stats, request) -> tuple:
@@ -137,7 +141,7 @@ def inspect_record(args, stats, selection, predicted=()) -> dict:
     d = stats.to_dict()
     record = {"file": str(args.file)}
     record.update(d)
-    record["request"] = {"op": args.op, "n": None if args.op == "sddmm" else args.n, "k": args.k,
+    record["request"] = {"op": args.op, "n": _n(args), "k": args.k,
                          "dtype": args.dtype, "bias": args.bias, "relu": args.relu}
     record["selection"] = {"family": selection.spec.family, "spec": selection.spec.name,
                            "reason": selection.reason, "rule": selection.rule,
@@ -212,9 +216,8 @@ def cmd_compile(args) -> int:
         arch = runtime.current_arch()
     _check_k(args)
     reproduce = f"sparsegen compile {args.file} {_request_flags(args)}"
-    n = None if args.op == "sddmm" else args.n
-    kernel = api.compile(_load(args), op=args.op, n=n, k=args.k, dtype=args.dtype, bias=args.bias, relu=args.relu,
-                         arch=arch, backend="emulate", reproduce=reproduce)
+    kernel = api.compile(_load(args), op=args.op, n=_n(args), k=args.k, dtype=args.dtype, bias=args.bias,
+                         relu=args.relu, arch=arch, backend="emulate", reproduce=reproduce)
     written = kernel.dump(args.dump)
     print(f"{kernel.spec.name}  ({kernel.arch})")
     print(f"reason  {kernel.selection.reason}")
