@@ -13,6 +13,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from profile_spmm import data_dir, load_dlmc  # noqa: E402
 from profile_tiled import option  # noqa: E402
 
 import sparsegen  # noqa: E402
@@ -23,11 +24,11 @@ def pattern(text: str, data: str):
     if ":" in text:
         m, s = text.split(":")
         return random_square(int(m), float(s), seed=1)
-    return sparsegen.io.load(os.path.join(data, "dlmc", text + ".smtx.gz"))
+    return load_dlmc(text, data)
 
 
 def main(argv):
-    data = os.environ.get("SPARSEGEN_DATA", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"))
+    data = data_dir()
     if argv[:1] == ["--data"]:
         data, argv = argv[1], argv[2:]
     import torch

@@ -21,12 +21,22 @@ import sparsegen  # noqa: E402
 from sparsegen.bench.dlmc import random_square  # noqa: E402
 
 
+def data_dir() -> str:
+    """$SPARSEGEN_DATA, else ../shared/data beside the checkout."""
+    return os.environ.get("SPARSEGEN_DATA", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"))
+
+
+def load_dlmc(name: str, data: str):
+    """A DLMC matrix by its path under the data folder, without the .smtx.gz."""
+    return sparsegen.io.load(os.path.join(data, "dlmc", name + ".smtx.gz"))
+
+
 def main():
-    data = os.environ.get("SPARSEGEN_DATA", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"))
+    data = data_dir()
     for arg in sys.argv[1:]:
         fields = arg.split(",")
         if "/" in fields[0]:
-            a = sparsegen.io.load(os.path.join(data, "dlmc", fields[0] + ".smtx.gz"))
+            a = load_dlmc(fields[0], data)
             n, *rest = fields[1:]
         else:
             m, s, n, *rest = fields
