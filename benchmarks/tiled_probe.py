@@ -165,6 +165,23 @@ def wgmma_grid(fam_name: str) -> list[tuple[str, dict]]:
     return [(fam_name, {"wgmma": False}), (f"{fam_name}.wg", {"wgmma": True})]
 
 
+def granule_grid(fam_name: str, stats, n: int, full: bool) -> list[tuple[str, dict]]:
+    """`--sweep granule`: each family's default, and bitmap with a bit per mma register (options
+    granule=2); with --granule-knobs, that spec's tile heights, residency and ring depth too."""
+    if fam_name == "csl":
+        return [("csl", {})]
+    out = [("bitmap", {}), ("bitmap.g2", {"granule": 2})]
+    if full:
+        base, _ = BM.choose(stats, Request("spmm", n=n, dtype="float16", arch=ARCH, options=(("granule", 2),)))
+        for h in (64, 128, 256):
+            if h != base.tile_m and T.accumulators(h, T.block_n(n)) <= T.MAX_ACCUMULATORS:
+                out.append((f"bitmap.g2.t{h}", {"granule": 2, "tile_m": h}))
+        out.append(("bitmap.g2.b8", {"granule": 2, "blocks": 8}))
+        out.append(("bitmap.g2.st+2", {"granule": 2, "stages": base.stages + 2}))
+        out.append(("bitmap.g2.sk*2", {"granule": 2, "split_k": base.split_k * 2, "reduction": "atomic"}))
+    return out
+
+
 def variants(fam_name: str, stats, n: int, full: bool, sparsity: float | None = None) -> list[tuple[str, dict]]:
     """(label, options) of the variants of one family for one (W, N)."""
     out = [(fam_name, {})]
@@ -209,7 +226,7 @@ def initial_spec(fam, stats, n: int, options: dict):
 
 
 def plan_key(fam, spec) -> tuple:
-    return (fam.FAMILY, spec.tile_m, getattr(spec, "strict_banks", False), spec.warps)
+    return (fam.FAMILY, spec.tile_m, getattr(spec, "strict_banks", False), spec.warps, getattr(spec, "granule", 1))
 
 
 def _encode(job):
@@ -266,11 +283,13 @@ def main() -> int:
     ap.add_argument("--sparsity", type=float, nargs="*", default=SPARSITIES)
     ap.add_argument("--n", type=int, nargs="*", default=NS)
     ap.add_argument("--shapes", type=str, nargs="*", default=None, help="MxK, e.g. 7168x7168")
-    ap.add_argument("--sweep", choices=("all", "some", "none", "split", "warpk", "wgmma", "bn", "tall", "reduction"), default="some",
+    ap.add_argument("--sweep", choices=("all", "some", "none", "split", "warpk", "wgmma", "bn", "tall", "reduction", "granule"),
+                    default="some",
                     help="forced variants for every (W, N), for N in {16, 64} (default), or none; "
                          "split: the --splits x --heights grid (atomics) for every (W, N); "
                          "warpk: Tiled-CSL with its warps in 1, 2 and 4 k-groups (options warp_k=); "
                          "wgmma: each family with mma.sync and with warpgroup MMA (options wgmma=)")
+    ap.add_argument("--granule-knobs", action="store_true", help="--sweep granule: also the pair spec's knobs")
     ap.add_argument("--splits", type=int, nargs="*", default=[1, 2, 4, 7, 14, 28])
     ap.add_argument("--heights", type=int, nargs="*", default=[128])
     ap.add_argument("--warps", type=int, nargs="*", default=[4])
@@ -318,6 +337,8 @@ def main() -> int:
                     grid = tall_grid(fam_name, n)
                 elif args.sweep == "bn":
                     grid = bn_grid(fam_name, n)
+                elif args.sweep == "granule":
+                    grid = granule_grid(fam_name, stats[key], n, args.granule_knobs)
                 else:
                     grid = variants(fam_name, stats[key], n, full, key[2])
                 for label, options in grid:

@@ -215,6 +215,40 @@ def test_fully_dense_fragments_decode_exactly():
             run_check(a, 16, family, tile_m=tile_m)
 
 
+@settings(max_examples=30, deadline=None)
+@given(m=st.integers(1, 400), k=st.integers(1, 400), density=st.floats(0.05, 1), n=st.integers(1, 40),
+       tile_m=st.sampled_from([64, 128, 256]), epilogue=st.sampled_from(["none", "bias", "bias_relu"]),
+       seed=st.integers(0, 10_000))
+def test_pair_bitmap_random_shapes_match_scipy(m, k, density, n, tile_m, epilogue, seed):
+    """Granule 2 (a bit per mma register): every tile height, residues, empty rows, epilogues."""
+    a = random_csr(m, k, density, seed=seed, empty_rows=0.1)
+    bias = np.random.default_rng(seed).standard_normal(m) if epilogue != "none" else None
+    n = 2 * n if tile_m < 256 else 2 * min(n, 16)
+    run_check(a, n, "tiled_bitmap_spmm", bias=bias, relu=epilogue == "bias_relu", seed=seed, granule=2,
+              tile_m=tile_m)
+
+
+@pytest.mark.parametrize("options", [
+    {"tile_m": 64}, {"tile_m": 128, "stages": 2}, {"tile_m": 256, "stages": 8},
+    {"split_k": 3, "reduction": "atomic"}, {"split_k": 4, "reduction": "two_step"},
+    {"split_k": 5, "reduction": "cluster", "l2_prefetch": True}, {"warps": 8, "split_k": 2, "reduction": "atomic"},
+    {"wgmma": True, "split_k": 2, "reduction": "cluster"}, {"out": "float32"}])
+@pytest.mark.parametrize("n", [2, 16, 64])
+def test_pair_bitmap_configurations(options, n):
+    if options.get("tile_m") == 256 and n > 32:
+        n = 32
+    a = random_csr(700, 64 * 11 + 5, 0.15, seed=31, empty_rows=0.05)
+    run_check(a, n, "tiled_bitmap_spmm", granule=2, calls=2, **options)
+
+
+def test_pair_bitmap_dense_fragments_and_bf16():
+    """Dense fragments: a lane's prefix reaches 4 x 31 words in the packed even/odd scans."""
+    a = sp.csr_matrix(np.random.default_rng(25).standard_normal((256, 256)))
+    for tile_m in (64, 128, 256):
+        run_check(a, 16, "tiled_bitmap_spmm", tile_m=tile_m, granule=2)
+    run_check(random_csr(300, 500, 0.2, seed=26), 24, "tiled_bitmap_spmm", dtype="bfloat16", granule=2)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("tile_m", [64, 128, 256])
 def test_tile_heights(family, tile_m):

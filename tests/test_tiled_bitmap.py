@@ -173,6 +173,118 @@ def test_warp_decode_yields_the_a_fragments(tile_m, density, warps):
         assert end == (slices[warp + 1] if warp < warps - 1 else slices[0] + (w != 0).sum())
 
 
+# ---- granule 2: a bit per mma register, its 32-bit word stored whole -------------------------------
+
+@settings(max_examples=30, deadline=None)
+@given(m=st.integers(1, 300), k=st.integers(1, 200), density=st.floats(0, 1), tile_m=st.sampled_from([64, 128, 256]),
+       dtype=st.sampled_from(["float16", "bfloat16"]), seed=st.integers(0, 1000))
+def test_pair_round_trip_and_layout_invariants(m, k, density, tile_m, dtype, seed):
+    a = random_csr(m, k, density, seed=seed)
+    plan = fmt.encode(a, dtype, tile_m, granule=2)
+    assert plan.arrays["values"].dtype == np.uint32 and plan.constants["granule"] == 2
+    assert np.array_equal(fmt.decode(plan).toarray(), rounded_half(a, dtype).toarray())
+    tiles = -(-m // tile_m) * -(-k // 64)
+    offs = plan.arrays["slice_offsets"].astype(np.int64)
+    assert offs.size == (tiles + 1) * 4 and np.all(np.diff(offs) >= 0)
+    assert np.all(offs[::4] % 4 == 0)  # tiles start on 16-byte boundaries: 4 words
+    assert np.all(offs[-4:] == plan.arrays["values"].size) and plan.arrays["values"].size % 4 == 0
+    assert plan.arrays["bitmaps"].size == tiles * tile_m * 64 // 64  # one bit per two elements
+    # one bit per register holding a nonzero: a register is (row, column pair) of the tile
+    coo = a.tocoo()
+    registers = np.unique(coo.row.astype(np.int64) * 10**6 + coo.col // 2)
+    assert np.unpackbits(plan.arrays["bitmaps"].view(np.uint8)).sum() == registers.size
+
+
+def test_pair_encoding_trades_bytes_for_decode():
+    """More bytes than single-element bits (4 per nonzero register against 2 per nonzero), near
+    Tiled-CSL's at 90 % sparsity: the module docstring's figures."""
+    a = random_csr(2048, 2048, 0.1, seed=1)
+    single = fmt.encoded_bytes(fmt.encode(a, "float16", 128)) / a.size * a.nnz / 2048**2
+    pairs = fmt.encoded_bytes(fmt.encode(a, "float16", 128, granule=2)) / 2048**2
+    assert 0.30 < single < 0.36 and 0.40 < pairs < 0.48
+    with pytest.raises(ValueError, match="granule"):
+        fmt.encode(a, "float16", 128, granule=4)
+
+
+def popc_nibbles(w):
+    w = np.asarray(w, dtype=np.uint64)
+    w = (w - ((w >> 1) & 0x55555555)) & U32
+    return ((w & 0x33333333) + ((w >> 2) & 0x33333333)) & U32
+
+
+def pair_fragment_starts(w, vals, fpw):
+    """NumPy mirror of the granule-2 fragment_starts: w[lane][j] words of 8 nibbles -> byte addresses
+    [lane][f] of each lane's first word in fragment f."""
+    lanes, bw = w.shape
+    at = np.zeros((lanes, fpw), dtype=np.int64)
+    base = vals
+    for j in range(bw):
+        c = popc_nibbles(w[:, j])
+        ce, co = c & 0x0F0F0F0F, (c >> 4) & 0x0F0F0F0F
+        xe, xo = (scan_bytes(ce) - ce) & U32, (scan_bytes(co) - co) & U32
+        t04, t26 = int((ce & 0x00FF00FF).sum()), int(((ce >> 8) & 0x00FF00FF).sum())
+        t15, t37 = int((co & 0x00FF00FF).sum()), int(((co >> 8) & 0x00FF00FF).sum())
+        tot = [t04 & 0xFFFF, t15 & 0xFFFF, t26 & 0xFFFF, t37 & 0xFFFF, t04 >> 16, t15 >> 16, t26 >> 16, t37 >> 16]
+        for f in range(8):
+            if 8 * j + f < fpw:
+                x = (xo if f & 1 else xe).astype(np.int64)
+                at[:, 8 * j + f] = base + 4 * ((x >> (8 * (f >> 1))) & 0xFF)
+            base += 4 * tot[f]
+    return at
+
+
+@pytest.mark.parametrize("tile_m,density,warps", [(64, 0.5, 4), (128, 0.2, 4), (256, 0.9, 4), (128, 1.0, 4),
+                                                 (256, 0.03, 4), (128, 0.3, 8), (256, 1.0, 8)])
+def test_pair_warp_decode_yields_the_a_fragments(tile_m, density, warps):
+    """Granule 2: a lane's nibble per fragment, the packed even/odd scans (a dense fragment's lane
+    prefix reaches 4 x 31) and the fragments' totals reproduce every A fragment of every warp."""
+    a = random_csr(tile_m, 64, density, seed=2)
+    plan = fmt.encode(a, "float16", tile_m, warps=warps, granule=2)
+    w = halfbits.to_bits(a.toarray(), "float16")
+    fpw = fmt.fragments_per_warp(tile_m, warps)
+    lane_bytes = fpw // 2
+    raw = plan.arrays["bitmaps"].view(np.uint8).reshape(warps, 32, lane_bytes)
+    if lane_bytes < 4:  # a 16-bit load into the low half of one word
+        raw = np.concatenate([raw, np.zeros((warps, 32, 4 - lane_bytes), np.uint8)], axis=2)
+    words = raw.copy().view("<u4").astype(np.uint64)  # [warp][lane][word]
+    slices = plan.arrays["slice_offsets"]
+    values = plan.arrays["values"]
+    mf_count, lane = tile_m // warps // 16, np.arange(32)
+    for warp in range(warps):
+        at = pair_fragment_starts(words[warp], 4 * int(slices[warp]), fpw)
+        for ks in range(4):
+            for mf in range(mf_count):
+                f = ks * mf_count + mf
+                nibble = (words[warp][:, f // 8].astype(np.int64) >> (4 * (f % 8))) & 0xF
+                q = at[:, f] // 4
+                for reg in range(4):
+                    present = (nibble >> reg) & 1
+                    got = np.where(present == 1, values[np.minimum(q, values.size - 1)], 0)
+                    q = q + present
+                    r, c = a_fragment_positions(lane, reg)
+                    want = w[warp * tile_m // warps + mf * 16 + r, ks * 16 + c].T.astype(np.uint32)
+                    assert np.array_equal(got, want[:, 0] | (want[:, 1] << 16))
+
+
+@settings(max_examples=15, deadline=None)
+@given(m=st.integers(1, 200), k=st.integers(1, 200), density=st.floats(0.05, 1), n=st.integers(1, 35),
+       tile_m=st.sampled_from([64, 128, 256]), seed=st.integers(0, 1000))
+def test_pair_emulator_matches_scipy(m, k, density, n, tile_m, seed):
+    n = 2 * n if tile_m < 256 else 2 * min(n, 16)  # 256-row tiles take at most 32 columns (accumulators)
+    kernel, y, ref = emulate(random_csr(m, k, density, seed=seed, empty_rows=0.1), n, "float16", seed=seed,
+                             granule=2, tile_m=tile_m)
+    assert kernel.spec.granule == 2 and kernel.spec.name.split(".")[-1] == "g2"
+    assert "constexpr int GRANULE = 2;" in kernel.source and "ld.shared.u32" in kernel.source
+    assert rel_error(y, ref) <= TOL["float16"]
+
+
+def test_granule_other_than_one_or_two_is_declined():
+    a = random_csr(100, 100, 0.3, seed=1)
+    with pytest.raises(UnsupportedError, match="granule"):
+        sparsegen.compile(a, n=8, dtype="float16", backend="emulate",
+                          options={"family": "tiled_bitmap_spmm", "granule": 3})
+
+
 def test_packed_scan_and_sums_match_plain_arithmetic():
     rng = np.random.default_rng(0)
     for trial in range(200):
@@ -298,9 +410,11 @@ def test_spec_name():
 @pytest.mark.nvcc
 @pytest.mark.parametrize("shape", CODE_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}-n{s[3]}-{s[4]}-{'-'.join(map(str, s[5].values()))}")
 @pytest.mark.parametrize("epilogue", [False, True])
-def test_every_code_shape_compiles_for_sm90_with_hmma(shape, epilogue, tmp_path):
+@pytest.mark.parametrize("granule", [1, 2])
+def test_every_code_shape_compiles_for_sm90_with_hmma(shape, epilogue, granule, tmp_path):
     m, k, density, n, dtype, options = shape
     options = {key: v for key, v in options.items() if key not in CSL_ONLY}
+    options["granule"] = granule
     a = random_csr(m, k, density, seed=13)
     n += n % 2  # odd N is declined (test_odd_n_is_declined_with_the_reason)
     kernel = sparsegen.compile(a, n=n, dtype=dtype, backend="emulate", bias=np.ones(m) if epilogue else None,

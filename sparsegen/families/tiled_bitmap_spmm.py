@@ -47,7 +47,10 @@ def offset_bytes(warps: int) -> int:
 class Spec(T.TiledSpec):
     family: ClassVar[str] = FAMILY
     stages: int = 4  # cp.async ring depth
-    vcap: int = 0  # halves of values one stage holds: the fullest tile (fixed from the plan)
+    vcap: int = 0  # values one stage holds: the fullest tile (fixed from the plan)
+    # halves per bitmap bit: 1 (SpInfer's one bit per element, 2 bytes per nonzero) or 2 (one bit per
+    # mma register, its 4-byte word stored whole: more bytes, half the decode; formats/tiled_bitmap.py)
+    granule: int = 1
     # bulk L2 prefetch of bitmaps and values a ring's depth ahead (sm_90): off by default, since the H100
     # probe (results/.../probes/tiled_probe_knobs.txt) ran every one of 16 rows faster without it
     l2_prefetch: bool = False
@@ -55,11 +58,12 @@ class Spec(T.TiledSpec):
     @property
     def name(self) -> str:
         base, epi = self.base_name()
-        return f"{base}.st{self.stages}.v{self.vcap}{'.pf' if self.l2_prefetch else ''}{epi}"
+        pairs = f".g{self.granule}" if self.granule != 1 else ""
+        return f"{base}.st{self.stages}.v{self.vcap}{pairs}{'.pf' if self.l2_prefetch else ''}{epi}"
 
     @property
     def stage_bytes(self) -> int:
-        return stage_bytes(self.tile_m, self.bn, self.vcap, self.warps)
+        return stage_bytes(self.tile_m, self.bn, self.vcap, self.warps, self.granule)
 
     @property
     def shared_bytes(self) -> int:
@@ -67,8 +71,9 @@ class Spec(T.TiledSpec):
         return max(self.stages * self.stage_bytes, self.exchange_bytes)
 
 
-def stage_bytes(tile_m: int, bn: int, vcap: int, warps: int = T.WARPS) -> int:
-    return tile_m * 8 + offset_bytes(warps) + -(-2 * vcap // 128) * 128 + T.TILE_K * bn * 2
+def stage_bytes(tile_m: int, bn: int, vcap: int, warps: int = T.WARPS, granule: int = 1) -> int:
+    value = FORMAT.value_bytes(granule)
+    return tile_m * 8 // granule + offset_bytes(warps) + -(-value * vcap // 128) * 128 + T.TILE_K * bn * 2
 
 
 WIDE_REGS = 20  # bn >= 32: ptxas used 121 (bn 32) and 165 (bn 64) registers for tile_m 128, ~15 above the terms
@@ -81,12 +86,13 @@ def registers(tile_m: int, bn: int, warps: int = T.WARPS) -> int:
     return REGS_BASE + 4 * mf * nf + 4 * mf + 2 * nf + 2 * mf + (WIDE_REGS if nf >= 4 else 0)
 
 
-def ring_for(tile_m: int, bn: int, vcap: int, request: Request, warps: int = T.WARPS) -> tuple[int, int]:
-    """(resident blocks, ring depth) for stages of `vcap` halves of values: `T.ring_shape` (the most
-    blocks whose ring keeps T.IN_FLIGHT_BYTES moving; options stages= forces the depth)."""
+def ring_for(tile_m: int, bn: int, vcap: int, request: Request, warps: int = T.WARPS,
+             granule: int = 1) -> tuple[int, int]:
+    """(resident blocks, ring depth) for stages of `vcap` values: `T.ring_shape` (the most blocks
+    whose ring keeps T.IN_FLIGHT_BYTES moving; options stages= forces the depth)."""
     forced = request.option("stages")
-    stage = stage_bytes(tile_m, bn, vcap, warps)
-    max_blocks = MAX_BLOCKS if warps == T.WARPS else MAX_BLOCKS_W8
+    stage = stage_bytes(tile_m, bn, vcap, warps, granule)
+    max_blocks = request.option("blocks") or (MAX_BLOCKS if warps == T.WARPS else MAX_BLOCKS_W8)
     least = DEFAULT_MIN_STAGES if T.request_wgmma(request) else MIN_STAGES  # wgmma: a slot stays busy one tile longer
     return T.ring_shape(0, stage, stage, registers(tile_m, bn, warps), DEFAULT_MIN_STAGES, MAX_STAGES, max_blocks,
                         None if forced is None else max(least, int(forced)), warps=warps)
@@ -111,17 +117,23 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     bn = T.request_bn(request)
     sms = sm_count(request.arch)
     warps = T.request_warps(request)
-    vcap_est = -(-max(stats.tiles.max_nnz, 8) // 8) * 8  # the fullest analysed 128 x 64 tile
-    resident, _ = ring_for(128, bn, vcap_est, request, warps)
+    granule = request_granule(request)
+    vcap_est = -(-max(stats.tiles.max_nnz, 8) // 8) * 8  # the fullest analysed 128 x 64 tile (pairs: at most as many)
+    resident, _ = ring_for(128, bn, vcap_est, request, warps, granule)
     est = cost(stats, request, 128, bn)
     split = T.choose_split(stats, request, n, bn, resident, est.bytes, est.seconds(sms),
                            heights=(128, 64), target_blocks=min(resident, 4))
     vcap = -(-max(vcap_est * split.tile_m // 128, 8) // 8) * 8
-    blocks, stages = ring_for(split.tile_m, bn, vcap, request, warps)
+    blocks, stages = ring_for(split.tile_m, bn, vcap, request, warps, granule)
     spec = Spec(T.DTYPE_SHORT[request.dtype], T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
                 split.reduction, request.bias, request.relu, blocks, warps, 1, T.request_wgmma(request), stages=stages,
-                l2_prefetch=bool(request.option("l2_prefetch", False)))
+                l2_prefetch=bool(request.option("l2_prefetch", False)), granule=granule)
     return spec, f"{blocks} blocks per SM; {split.reason}"
+
+
+def request_granule(request: Request) -> int:
+    """Halves per bitmap bit: options granule= (1 or 2; the gate declines others), else 1."""
+    return int(request.option("granule", 1))
 
 
 def bytes_text(stats, request: Request) -> str:
@@ -151,6 +163,12 @@ def gate(stats, request: Request):
     if declined is None and T.request_warp_k(request) != 1:
         return decline(f"options warp_k={T.request_warp_k(request)}: the bitmap encoding slices each tile by "
                        f"warp rows (k-groups are Tiled-CSL's)")
+    if declined is None and request.option("blocks") not in (None, *range(1, T.MAX_BLOCKS_PER_SM + 1)):
+        return decline(f"options blocks={request.option('blocks')!r}: expected 1 to {T.MAX_BLOCKS_PER_SM} "
+                       f"(resident blocks per SM to aim at)")
+    if declined is None and request.option("granule", 1) not in FORMAT.GRANULES:
+        return decline(f"options granule={request.option('granule')!r}: expected one of {FORMAT.GRANULES} "
+                       f"(halves per bitmap bit)")
     if declined is None and request.n % 2 == 1:
         return decline(f"n={request.n} is odd: the bitmap kernel's odd-N path gave wrong results with "
                        f"split-K on the H100 and is disabled until fixed")
@@ -181,11 +199,11 @@ FORMAT_ARGS = (Arg("bitmaps", "plan"), Arg("values", "plan"), Arg("slice_offsets
 
 def encoding(spec: Spec) -> tuple:
     """The spec fields the encoding reads: one encoding serves every n (the format cache)."""
-    return (spec.dtype, spec.tile_m, spec.warps)
+    return (spec.dtype, spec.tile_m, spec.warps, spec.granule)
 
 
 def encode_format(csr, spec: Spec, bias=None):
-    return FORMAT.encode(csr, T.DTYPE_LONG[spec.dtype], spec.tile_m, bias, warps=spec.warps)
+    return FORMAT.encode(csr, T.DTYPE_LONG[spec.dtype], spec.tile_m, bias, warps=spec.warps, granule=spec.granule)
 
 
 specialize = T.with_scratch
@@ -198,7 +216,7 @@ def encode(csr, spec: Spec, bias=None):
 def finalize(spec: Spec, plan, request: Request) -> Spec:
     """Size a stage's value buffer for the fullest tile, then the ring depth and residency."""
     vcap = max(8, plan.constants["max_tile_values"])
-    blocks, stages = ring_for(spec.tile_m, spec.bn, vcap, request, spec.warps)
+    blocks, stages = ring_for(spec.tile_m, spec.bn, vcap, request, spec.warps, spec.granule)
     return dataclasses.replace(spec, vcap=vcap, stages=stages, min_blocks=blocks)
 
 
