@@ -31,6 +31,7 @@ from sparsegen.families.base import Request  # noqa: E402
 from tests.tiled_helpers import uniform_stats  # noqa: E402
 
 SPEC = re.compile(r"\.m(\d+)k(\d+)n(\d+)\.t(\d+)x64\.bn\d+\.sk(\d+)([acr]?)")
+GRANULE = re.compile(r"\.g(\d+)(\.|$)")
 REDUCTION = {"": "none", "a": "atomic", "c": "cluster", "r": "two_step"}
 
 
@@ -39,7 +40,17 @@ def spec_options(spec: str) -> dict:
     if m is None:
         raise ValueError(f"not a tile spec name: {spec}")
     tile_m, split, red = int(m.group(4)), int(m.group(5)), REDUCTION[m.group(6)]
-    return {"tile_m": tile_m, "split_k": split} | ({"reduction": red} if split > 1 else {})
+    out = {"tile_m": tile_m, "split_k": split} | ({"reduction": red} if split > 1 else {})
+    if spec.startswith("tiled_bitmap_spmm"):  # the bitmap encoding, fixed (the chooser would pick one)
+        g = GRANULE.search(spec)
+        out["granule"] = int(g.group(1)) if g else 1
+    return out
+
+
+def rates_key(fam: str, spec: str) -> str:
+    """The skinny_cost.RATES entry a measured spec calibrates."""
+    g = GRANULE.search(spec)
+    return fam + (".g2" if fam == "tiled_bitmap_spmm" and g and g.group(1) == "2" else "")
 
 
 def rows_from_llm(path: str) -> list:
@@ -51,7 +62,7 @@ def rows_from_llm(path: str) -> list:
         for fam, spec in c.get("family_spec", {}).items():
             ms = c["ms"].get(fam)
             if ms:
-                out.append((fam, m, k, c["nnz"] / (m * k), c["n"], spec, ms * 1e-3))
+                out.append((rates_key(fam, spec), m, k, c["nnz"] / (m * k), c["n"], spec, ms * 1e-3))
     return out
 
 
@@ -69,13 +80,13 @@ def rows_from_probe(path: str, only_defaults: bool) -> list:
         spec = p[-1]
         if only_defaults and not matches_chooser(fam, m, k, float(p[1]), int(p[2]), spec):
             continue
-        out.append((fam, m, k, 1.0 - float(p[1]), int(p[2]), spec, float(p[4]) * 1e-6))
+        out.append((rates_key(fam, spec), m, k, 1.0 - float(p[1]), int(p[2]), spec, float(p[4]) * 1e-6))
     return out
 
 
 def matches_chooser(fam: str, m: int, k: int, density: float, n: int, spec: str) -> bool:
     stats, _ = case(m, k, density, n, spec)
-    chosen, _ = skinny_cost.tiled_family(fam).choose(stats, Request("spmm", n=n, dtype="float16"))
+    chosen, _ = skinny_cost.tiled_family(fam.split(".")[0]).choose(stats, Request("spmm", n=n, dtype="float16"))
     return spec_options(chosen.name) == spec_options(spec)
 
 
@@ -89,7 +100,7 @@ def case(m: int, k: int, density: float, n: int, spec: str):
 def predict(row, rates) -> float:
     fam, m, k, density, n, spec, _ = row
     stats, request = case(m, k, density, n, spec)
-    return skinny_cost.tiled_seconds(stats, request, fam, skinny_cost.TileRates(*rates[:3], rates[3] * 1e-6))
+    return skinny_cost.tiled_seconds(stats, request, fam.split(".")[0], skinny_cost.TileRates(*rates[:3], rates[3] * 1e-6))
 
 
 def errors(rows, rates) -> np.ndarray:

@@ -241,7 +241,7 @@ def test_rule_declines_what_tensor_core_tiles_cannot_do():
     sparse = analyze(random_csr(256, 256, 0.01, seed=9))
     d = rule(sparse, sparsegen.families.base.Request("spmm", n=8, dtype="float16"))
     assert not d.accepted and "density" in d.reason
-    ok = rule(s, sparsegen.families.base.Request("spmm", n=256, dtype="bfloat16"))
+    ok = rule(s, sparsegen.families.base.Request("spmm", n=256, dtype="bfloat16", options=(("family", fam.FAMILY),)))
     assert ok.accepted and ok.spec.dtype == "bf16" and ok.spec.n_tiles == 4
 
 

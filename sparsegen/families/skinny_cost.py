@@ -38,6 +38,13 @@ LAUNCH_S = T.LAUNCH_S  # one kernel launch on a busy stream (3 us)
 # 2.96 TB/s); llm_probe.txt: 2.45-2.56 TB/s on 7168x7168 and 2.72 on 28672x7168, and Tiled-CSL
 # streams its words at 2.46 TB/s (7168x7168, 50 %, N = 16). One figure for every kernel that streams W.
 ACHIEVED_BYTES_PER_S = 2.50e12
+# cuBLAS fp16 on the skinny products: a fixed 3.69 us plus its bytes at 2.724 TB/s, fitted (log least
+# squares) to the 96 cuBLAS rows of probes/tiled_probe_granule_{unrolled,more}.txt (six OPT shapes,
+# N 8-64): median error 3.9 %, at most 9.1 %. Bytes over ACHIEVED_BYTES_PER_S alone overestimated the
+# large shapes by ~10 % (9216^2 to 28672 x 7168 move 2.73-2.86 TB/s), which let the tile kernels win
+# N = 64 products they lose by 7-10 %.
+DENSE_FIXED_S = 3.69e-6
+DENSE_BYTES_PER_S = 2.724e12
 # BENCHMARKS.md baseline table: cuBLAS fp16 8192 x 8192, n = 256 in 0.078 ms = 441 TFLOP/s, where its
 # bytes alone would take 0.054 ms: wide products are bound by tensor-core math, not bytes.
 DENSE_FLOPS = 450e12
@@ -83,10 +90,13 @@ class TileRates:
 # Tiled-CSL refitted after its scatter fix (one 16-byte load per vector): median error 6.4 %, at most
 # 20 % (the previous rates were off by a median 16.8 % on the faster kernel). Bitmap kept: the
 # previous rates fit this run within a median 4.1 %, at most 16.5 % (a refit gave 4.4 %).
+# Keyed by `rates_key`: a family, and "tiled_bitmap_spmm.g2" for bitmap's register-pair encoding.
 RATES = {
-    "tiled_csl_spmm": TileRates(base=122.4, per_column=15.03, per_nonzero=0.246, fixed_s=7.31e-6),
-    "tiled_bitmap_spmm": TileRates(base=342.0, per_column=17.1, per_nonzero=0.045, fixed_s=9.45e-6),
+    "tiled_csl_spmm": TileRates(base=96.4, per_column=11.75, per_nonzero=0.273, fixed_s=7.66e-6),
+    "tiled_bitmap_spmm": TileRates(base=363.0, per_column=13.07, per_nonzero=0.044, fixed_s=8.50e-6),
+    "tiled_bitmap_spmm.g2": TileRates(base=175.9, per_column=12.47, per_nonzero=0.135, fixed_s=5.95e-6),
 }
+TILE_FAMILIES = ("tiled_csl_spmm", "tiled_bitmap_spmm")
 DENSE = "dense_gemm"
 CSR = "csr"  # the CSR kernels together: the rules after the skinny ones choose among them
 LABELS = {"tiled_csl_spmm": "Tiled-CSL", "tiled_bitmap_spmm": "bitmap", CSR: "CSR kernels"}
@@ -95,21 +105,33 @@ LABELS = {"tiled_csl_spmm": "Tiled-CSL", "tiled_bitmap_spmm": "bitmap", CSR: "CS
 # ---- predictions ------------------------------------------------------------------------------
 
 def tiled_family(family: str):
-    """The module of a tile family named in RATES (imported here: those modules import this one)."""
+    """The module of a tile family of TILE_FAMILIES (imported here: those modules import this one)."""
     from . import tiled_bitmap_spmm, tiled_csl_spmm
 
     return {"tiled_csl_spmm": tiled_csl_spmm, "tiled_bitmap_spmm": tiled_bitmap_spmm}[family]
 
 
+def rates_key(spec) -> str:
+    """The RATES entry of a tile spec: its family, or bitmap's register-pair variant."""
+    return spec.family + (".g2" if getattr(spec, "granule", 1) == 2 else "")
+
+
 def tiled_seconds(stats, request: Request, family: str, rates: TileRates | None = None) -> float:
     """Predicted time of the spec `family` (tiled_csl_spmm or tiled_bitmap_spmm) would build, at
-    `rates` (default: RATES[family]; benchmarks/fit_skinny_rates.py tries others)."""
-    from . import tiled_csl_spmm
+    `rates` (default: RATES[rates_key(spec)]; benchmarks/fit_skinny_rates.py tries others)."""
+    spec, _ = tiled_family(family).choose(stats, request)
+    return spec_seconds(stats, request, spec, rates)
 
-    fam = tiled_family(family)
-    spec, _ = fam.choose(stats, request)
-    rates, tiles = rates or RATES[family], stats.tiles
-    bytes_fn = tiled_csl_spmm.csl_bytes if fam is tiled_csl_spmm else fam.bitmap_bytes(tiles.tile_rows)
+
+def spec_seconds(stats, request: Request, spec, rates: TileRates | None = None) -> float:
+    """Predicted time of a tile spec on this matrix (see the module docstring)."""
+    from . import tiled_bitmap_spmm, tiled_csl_spmm
+
+    rates, tiles = rates or RATES[rates_key(spec)], stats.tiles
+    if spec.family == tiled_csl_spmm.FAMILY:
+        bytes_fn = tiled_csl_spmm.csl_bytes
+    else:
+        bytes_fn = tiled_bitmap_spmm.bitmap_bytes(tiles.tile_rows, getattr(spec, "granule", 1))
     sms = sm_count(request.arch)
     dens, counts, empty = T.tile_densities(stats)
     nnz = dens * (tiles.tile_rows * tiles.tile_cols)
@@ -122,11 +144,10 @@ def tiled_seconds(stats, request: Request, family: str, rates: TileRates | None 
 
 
 def dense_seconds(m: int, k: int, n: int, epilogue: bool = False) -> float:
-    """cuBLAS on the densified W: bytes or tensor-core math, at least DENSE_FLOOR_S, plus the epilogue
-    pass over Y. No launch term on top: llm_probe.txt's cuBLAS times are its bytes over 2.50 TB/s
-    (7168 x 7168: 41.3 us predicted, 40.3-42.0 measured)."""
+    """cuBLAS on the densified W: its fixed time plus bytes, or tensor-core math, at least
+    DENSE_FLOOR_S, plus the epilogue pass over Y."""
     moved = 2.0 * (m * k + k * n + m * n)
-    seconds = max(DENSE_FLOOR_S, moved / ACHIEVED_BYTES_PER_S, 2.0 * m * k * n / DENSE_FLOPS)
+    seconds = max(DENSE_FLOOR_S, DENSE_FIXED_S + moved / DENSE_BYTES_PER_S, 2.0 * m * k * n / DENSE_FLOPS)
     if epilogue:
         seconds += LAUNCH_S + (4.0 * m * n + 4.0 * m) / ACHIEVED_BYTES_PER_S  # read and write Y, read bias
     return seconds
@@ -201,7 +222,7 @@ def compare(stats, request: Request) -> Comparison:
     from . import dense_gemm
 
     request = _unforced(request)
-    predictions = [Prediction(f, LABELS[f], tiled_seconds(stats, request, f)) for f in RATES
+    predictions = [Prediction(f, LABELS[f], tiled_seconds(stats, request, f)) for f in TILE_FAMILIES
                    if tiled_family(f).gate(stats, request) is None]
     library = dense_gemm.find_library(request.dtype)
     if library is not None and dense_gemm.gate(stats, request) is None:

@@ -98,8 +98,13 @@ def ring_for(tile_m: int, bn: int, vcap: int, request: Request, warps: int = T.W
                         None if forced is None else max(least, int(forced)), warps=warps)
 
 
-def bitmap_bytes(tile_m: int):
-    return lambda nnz: tile_m * 8.0 + 2.0 * nnz + 8.0 + 16.0  # bitmap, values, padding, offsets
+def bitmap_bytes(tile_m: int, granule: int = 1):
+    """Bytes of a tile of `nnz` nonzeros: bitmap, values, padding, offsets. Register pairs (granule 2):
+    the registers holding a nonzero, for a uniform pattern in the tile, 4 bytes each."""
+    if granule == 1:
+        return lambda nnz: tile_m * 8.0 + 2.0 * nnz + 8.0 + 16.0
+    pairs = tile_m * T.TILE_K / 2
+    return lambda nnz: tile_m * 4.0 + 4.0 * pairs * (1.0 - (1.0 - nnz / (2.0 * pairs)) ** 2) + 8.0 + 16.0
 
 
 def bitmap_issue(tile_m: int):
@@ -108,11 +113,33 @@ def bitmap_issue(tile_m: int):
 
 def cost(stats, request: Request, tile_m: int, bn: int) -> T.Cost:
     n_tiles = -(-request.n // bn)
-    return T.predict(stats, tile_m, bn, n_tiles, sm_count(request.arch), bitmap_bytes(tile_m), bitmap_issue(tile_m),
+    return T.predict(stats, tile_m, bn, n_tiles, sm_count(request.arch), bitmap_bytes(tile_m, request_granule(request)),
+                     bitmap_issue(tile_m),
                      16.0, 30.0)
 
 
 def choose(stats, request: Request) -> tuple[Spec, str]:
+    """The spec for this matrix and request. Unless options granule= forces the encoding, both are
+    built and the one the skinny cost model predicts faster is kept: register pairs spend more bytes
+    (4 per nonzero register) on half the decode, which pays from ~80 % sparsity (probes/tiled_probe_granule*.txt)."""
+    if request.option("granule") is not None:
+        return _choose(stats, request)
+    spec1, why1 = _choose(stats, _with_granule(request, 1))
+    spec2, why2 = _choose(stats, _with_granule(request, 2))
+    t1 = skinny_cost.spec_seconds(stats, request, spec1)
+    t2 = skinny_cost.spec_seconds(stats, request, spec2)
+    pairs = t2 < t1
+    spec, why = (spec2, why2) if pairs else (spec1, why1)
+    won, lost = (t2, t1) if pairs else (t1, t2)
+    names = ("register pairs", "single elements") if pairs else ("single elements", "register pairs")
+    return spec, f"{names[0]} predicted faster ({won * 1e6:.1f} vs {lost * 1e6:.1f} us with {names[1]}); {why}"
+
+
+def _with_granule(request: Request, granule: int) -> Request:
+    return dataclasses.replace(request, options=tuple(sorted({**dict(request.options), "granule": granule}.items())))
+
+
+def _choose(stats, request: Request) -> tuple[Spec, str]:
     n, (m, k) = request.n, stats.shape
     bn = T.request_bn(request)
     sms = sm_count(request.arch)
@@ -140,9 +167,10 @@ def bytes_text(stats, request: Request) -> str:
     """Bytes per element of W in each format (from `cost`, one pass over the tile histogram)."""
     bn = T.block_n(request.n)
     area = max(stats.shape[0] * stats.shape[1], 1)
-    b, c = cost(stats, request, 128, bn), csl.cost(stats, request, 128, bn)
-    return (f"bitmap {b.bytes / area:.2f} B/element vs Tiled-CSL {c.bytes / area:.2f} "
-            f"(bitmap decode costs issue slots per tile, CSL's scatter per nonzero)")
+    b, c = cost(stats, _with_granule(request, 1), 128, bn), csl.cost(stats, request, 128, bn)
+    pairs = cost(stats, _with_granule(request, 2), 128, bn)
+    return (f"bitmap {b.bytes / area:.2f} B/element (register pairs {pairs.bytes / area:.2f}) vs Tiled-CSL "
+            f"{c.bytes / area:.2f} (bitmap decode costs issue slots per tile, CSL's scatter per nonzero)")
 
 
 def compare(stats, request: Request) -> tuple[float, float, str]:
