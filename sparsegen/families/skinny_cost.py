@@ -19,8 +19,8 @@ The candidates, where their gates let them serve the request:
 
 Dense wins near-ties: a sparse kernel is chosen over dense only when predicted SPARSE_MARGIN faster.
 Every constant is an H100 (sm_90) figure with its source; other architectures change only the SM
-count. Recalibrate against `benchmarks/results/<gpu>/llm_probe.txt` when the kernels change
-(tests/test_select_skinny.py checks the model against those rows).
+count. Recalibrate with `benchmarks/fit_skinny_rates.py` on a `tiled_probe.py --sweep granule` run
+when the kernels change (tests/test_select_skinny.py checks the model against those rows).
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ CSR_INDEX16_MAX_COLS = 32767  # sputnik_spmm's 16-bit column indices in fp16
 EMPTY_TILE_CYCLES = 50.0
 # A sparse pick that loses to dense costs more than a missed win (the llm suite asks for >= 0.95x cuBLAS
 # at 50 % sparsity): a sparse kernel must be predicted this much faster than dense, so that a wrong pick
-# still lands near 1x dense. 7 %: the rates' median error on llm-calibration/ (6.4 % CSL, 4.1 % bitmap);
+# still lands near 1x dense. 7 %: the rates' median error when it was set, on llm-calibration/ (6.4 % CSL, 4.1 % bitmap);
 # read off the two 64-case runs of the current kernels, 7 % instead of the former 15 % raises the
 # geomean 1-3 % at every sparsity and picks no sparse kernel measured below 1.0x cuBLAS.
 SPARSE_MARGIN = 0.07
@@ -84,12 +84,11 @@ class TileRates:
 
 
 # Fitted by benchmarks/fit_skinny_rates.py (least squares on log time, Nelder-Mead) to the tile kernels
-# as the chooser builds them (split-K of ~16 k-tiles with atomics for bn <= 32; the modelled split
-# with the cluster reduction for bn = 64) on the H100: the 128 forced-family times of
-# benchmarks/results/h100-80gb-hbm3/llm-calibration/llm.json (4 OPT shapes, 50-90 %, N 8-64).
-# Tiled-CSL refitted after its scatter fix (one 16-byte load per vector): median error 6.4 %, at most
-# 20 % (the previous rates were off by a median 16.8 % on the faster kernel). Bitmap kept: the
-# previous rates fit this run within a median 4.1 %, at most 16.5 % (a refit gave 4.4 %).
+# as the chooser builds them on the H100: the 96 default-spec times per variant of
+# benchmarks/results/h100-80gb-hbm3/probes/tiled_probe_granule_{unrolled,more}.txt (six OPT shapes,
+# 50/70/80/90 %, N 8-64; the kernels of c8cfadd, with the copies in unrolled rounds). Median error
+# Tiled-CSL 5.2 % (at most 19.5 %), bitmap 4.5 % (16.8 %), register pairs 7.0 % (20.0 %). (The
+# rates before were fitted to llm-calibration/llm.json's 128 times of the older kernels.)
 # Keyed by `rates_key`: a family, and "tiled_bitmap_spmm.g2" for bitmap's register-pair encoding.
 RATES = {
     "tiled_csl_spmm": TileRates(base=96.4, per_column=11.75, per_nonzero=0.273, fixed_s=7.66e-6),
