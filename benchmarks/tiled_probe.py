@@ -176,7 +176,6 @@ def granule_grid(fam_name: str, stats, n: int, full: bool) -> list[tuple[str, di
         for h in (64, 128, 256):
             if h != base.tile_m and T.accumulators(h, T.block_n(n)) <= T.MAX_ACCUMULATORS:
                 out.append((f"bitmap.g2.t{h}", {"granule": 2, "tile_m": h}))
-        out.append(("bitmap.g2.b8", {"granule": 2, "blocks": 8}))
         out.append(("bitmap.g2.st+2", {"granule": 2, "stages": base.stages + 2}))
         out.append(("bitmap.g2.sk*2", {"granule": 2, "split_k": base.split_k * 2, "reduction": "atomic"}))
     return out

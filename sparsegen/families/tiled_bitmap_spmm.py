@@ -92,7 +92,7 @@ def ring_for(tile_m: int, bn: int, vcap: int, request: Request, warps: int = T.W
     whose ring keeps T.IN_FLIGHT_BYTES moving; options stages= forces the depth)."""
     forced = request.option("stages")
     stage = stage_bytes(tile_m, bn, vcap, warps, granule)
-    max_blocks = request.option("blocks") or (MAX_BLOCKS if warps == T.WARPS else MAX_BLOCKS_W8)
+    max_blocks = MAX_BLOCKS if warps == T.WARPS else MAX_BLOCKS_W8
     least = DEFAULT_MIN_STAGES if T.request_wgmma(request) else MIN_STAGES  # wgmma: a slot stays busy one tile longer
     return T.ring_shape(0, stage, stage, registers(tile_m, bn, warps), DEFAULT_MIN_STAGES, MAX_STAGES, max_blocks,
                         None if forced is None else max(least, int(forced)), warps=warps)
@@ -191,9 +191,6 @@ def gate(stats, request: Request):
     if declined is None and T.request_warp_k(request) != 1:
         return decline(f"options warp_k={T.request_warp_k(request)}: the bitmap encoding slices each tile by "
                        f"warp rows (k-groups are Tiled-CSL's)")
-    if declined is None and request.option("blocks") not in (None, *range(1, T.MAX_BLOCKS_PER_SM + 1)):
-        return decline(f"options blocks={request.option('blocks')!r}: expected 1 to {T.MAX_BLOCKS_PER_SM} "
-                       f"(resident blocks per SM to aim at)")
     if declined is None and request.option("granule", 1) not in FORMAT.GRANULES:
         return decline(f"options granule={request.option('granule')!r}: expected one of {FORMAT.GRANULES} "
                        f"(halves per bitmap bit)")
