@@ -62,7 +62,7 @@ class Kernel:
         self.structure_hash = structure
         self.stats = stats
         self.timings = timings or Timings()
-        self.tuning = ()  # tune=True: the Trial of every family timed
+        self.tuning = ()  # tune=True: the Trial of every candidate timed (family, and variant where it offers several)
         self._cubin = cubin
         self._cubin_key = cubin_key
         self._device_arrays = None

@@ -1,9 +1,10 @@
 """Measured selection (`compile(..., tune=True)`): time every family that accepts, keep the fastest.
 
 The rule table predicts; tuning measures. Each family that accepts the request (forced through
-`options={"family": name}`) is compiled and timed once on the GPU with random operands; the
-winner's name is cached under the matrix structure and the request, so a later `tune=True`
-compile of the same structure goes straight to it.
+`options={"family": name}`), in each of the variants it offers for tuning (`tune_variants`:
+tiled_bitmap_spmm's two encodings), is compiled and timed once on the GPU with random operands;
+the winner's family and options are cached under the matrix structure and the request, so a later
+`tune=True` compile of the same structure goes straight to it.
 """
 from __future__ import annotations
 
@@ -25,11 +26,13 @@ RUNS = 20
 
 @dataclass(frozen=True)
 class Trial:
-    """One candidate's measurement: family, spec name and mean milliseconds per launch."""
+    """One candidate's measurement: family, spec name, mean milliseconds per launch, and the variant's
+    options beyond the family ("granule=2"; empty for a family's only variant)."""
 
     family: str
     spec: str
     ms: float
+    options: str = ""
 
 
 def tune_key(csr, request) -> str:
@@ -52,34 +55,54 @@ def tuned(csr, request, backend: str, compile_with):
     hit = cache.get("tune", k)
     if hit is not None:
         record = json.loads(bytes(hit))
-        kernel = compile_with({**base, "family": record["family"]})
+        kernel = compile_with({**base, "family": record["family"], **record.get("options", {})})
         kernel.tuning = tuple(Trial(**t) for t in record["trials"])
         return kernel
-    trials, kernels = [], {}
-    for family in candidate_families(request):
+    trials, kernels, variants = [], {}, {}
+    for family, variant in candidates(request):
         try:
-            kern = compile_with({**base, "family": family})
+            kern = compile_with({**base, "family": family, **variant})
         except UnsupportedError:
             continue
-        kernels[family] = kern
-        trials.append(Trial(family, kern.spec.name, time_kernel(kern)))
+        trial = Trial(family, kern.spec.name, time_kernel(kern), variant_label(variant))
+        kernels[trial.spec], variants[trial.spec] = kern, variant
+        trials.append(trial)
     if not trials:
         raise UnsupportedError(f"tune=True: no kernel family accepts op={request.op} dtype={request.dtype}")
     best = min(trials, key=lambda t: t.ms)
-    log.info("tune: %s", ", ".join(f"{t.family} {t.ms:.4f} ms" for t in trials))
-    cache.put("tune", k, json.dumps({"family": best.family, "trials": [vars(t) for t in trials]}).encode())
-    kernel = kernels[best.family]
+    log.info("tune: %s", ", ".join(f"{t.family}{' ' + t.options if t.options else ''} {t.ms:.4f} ms" for t in trials))
+    cache.put("tune", k, json.dumps({"family": best.family, "options": variants[best.spec],
+                                     "trials": [vars(t) for t in trials]}).encode())
+    kernel = kernels[best.spec]
     kernel.tuning = tuple(trials)
     return kernel
 
 
+def variant_label(options: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(options.items()))
+
+
+def candidates(request) -> list[tuple[str, dict]]:
+    """(family, variant options) of every candidate: each callable family (or the requested one), in
+    each variant its `tune_variants(request)` offers (one, with no options, by default)."""
+    out = []
+    for fam in _callable_families(request):
+        variants = fam.tune_variants(request) if hasattr(fam, "tune_variants") else [{}]
+        out += [(fam.FAMILY, dict(v)) for v in variants]
+    return out
+
+
 def candidate_families(request) -> list[str]:
+    return [fam.FAMILY for fam in _callable_families(request)]
+
+
+def _callable_families(request) -> list:
     from .families import ORDER
 
     only = request.option("family")
     # Families run by a driver of their own (DRIVER) cannot be timed as a single call, and a family
     # that says it cannot run here (`unavailable`: the dense fallback without torch or CuPy) is skipped.
-    return [fam.FAMILY for fam in ORDER
+    return [fam for fam in ORDER
             if (only is None or fam.FAMILY == only) and not getattr(fam, "DRIVER", None)
             and not (hasattr(fam, "unavailable") and fam.unavailable(request))]
 

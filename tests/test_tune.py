@@ -28,6 +28,17 @@ def test_candidates_are_every_callable_family_or_the_requested_one():
     assert tune.candidate_families(forced) == ["csr_rowsplit"]
 
 
+def test_bitmap_offers_both_encodings_unless_one_is_asked_for():
+    req = sparsegen.api._request("spmm", 16, None, "float16", "sm_90", None, False, None, "nonzero", None)
+    bitmap = [v for f, v in tune.candidates(req) if f == "tiled_bitmap_spmm"]
+    assert bitmap == [{"granule": 1}, {"granule": 2}]
+    assert all(v == {} for f, v in tune.candidates(req) if f != "tiled_bitmap_spmm")
+    fixed = sparsegen.api._request("spmm", 16, None, "float16", "sm_90", None, False, None, "nonzero",
+                                   {"family": "tiled_bitmap_spmm", "granule": 2})
+    assert tune.candidates(fixed) == [("tiled_bitmap_spmm", {})]
+    assert tune.variant_label({"granule": 2, "a": 1}) == "a=1,granule=2"
+
+
 def test_tune_key_ignores_values_and_the_family_option_but_not_n():
     a = random_csr(50, 60, 0.1, seed=2)
     b = a.copy()
