@@ -58,22 +58,22 @@ def tuned(csr, request, backend: str, compile_with):
         kernel = compile_with({**base, "family": record["family"], **record.get("options", {})})
         kernel.tuning = tuple(Trial(**t) for t in record["trials"])
         return kernel
-    trials, kernels, variants = [], {}, {}
+    built = {}  # spec name -> (kernel, its variant's options)
+    trials = []
     for family, variant in candidates(request):
         try:
             kern = compile_with({**base, "family": family, **variant})
         except UnsupportedError:
             continue
-        trial = Trial(family, kern.spec.name, time_kernel(kern), variant_label(variant))
-        kernels[trial.spec], variants[trial.spec] = kern, variant
-        trials.append(trial)
+        built[kern.spec.name] = (kern, variant)
+        trials.append(Trial(family, kern.spec.name, time_kernel(kern), variant_label(variant)))
     if not trials:
         raise UnsupportedError(f"tune=True: no kernel family accepts op={request.op} dtype={request.dtype}")
     best = min(trials, key=lambda t: t.ms)
     log.info("tune: %s", ", ".join(f"{t.family}{' ' + t.options if t.options else ''} {t.ms:.4f} ms" for t in trials))
-    cache.put("tune", k, json.dumps({"family": best.family, "options": variants[best.spec],
+    kernel, variant = built[best.spec]
+    cache.put("tune", k, json.dumps({"family": best.family, "options": variant,
                                      "trials": [vars(t) for t in trials]}).encode())
-    kernel = kernels[best.spec]
     kernel.tuning = tuple(trials)
     return kernel
 

@@ -46,11 +46,6 @@ def probe_rows():
     return [(m, k, s, n, round((1 - s) * m * k), ms) for (m, k, s, n), ms in sorted(rows.items())]
 
 
-def variant(spec) -> str:
-    """The measured variant a selected spec is: its family, bitmap's register pairs apart."""
-    return skinny_cost.rates_key(spec)
-
-
 @pytest.fixture
 def torch_binding():
     with pinned_library("torch"):
@@ -96,7 +91,7 @@ def test_selected_kernel_is_never_measured_below_095x_cublas_and_takes_clear_win
     measured 1.35x faster than cuBLAS. (7168 x 28672 at N = 64, where cuBLAS runs 11 % slower than on
     its transpose and the model cannot know it, misses wins of 1.15x and 1.31x.)"""
     m, k, sparsity, n, nnz, measured = row
-    chosen = variant(select_request(uniform_stats(m, k, nnz / (m * k)), request(n)).spec)
+    chosen = skinny_cost.rates_key(select_request(uniform_stats(m, k, nnz / (m * k)), request(n)).spec)
     floor = 0.95 if sparsity == 0.5 else 0.90
     assert measured["dense_gemm"] / measured[chosen] >= floor, (chosen, measured)
     best = min(measured, key=measured.get)

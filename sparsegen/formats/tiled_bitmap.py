@@ -153,44 +153,24 @@ def encode(csr: sp.csr_matrix, dtype: str, tile_m: int = 128, bias: np.ndarray |
 def _encode_band(csr, grid: TileGrid, band: Band, dtype: str, warps: int):
     """One band's bitmap words, its values (each tile padded to 16 bytes), and the nonzeros
     of each of its warp slices (tile-major)."""
-    tiles = band.row_tiles * grid.k_tiles
-    fpw = fragments_per_warp(grid.tile_m, warps)
-    tile, row, col = band_nonzeros(csr, grid, band)
-    frag, code = element_code(row, col, grid.tile_m, warps)
-    gfrag = tile * (warps * fpw) + frag  # fragment within the band (tile-major)
-    del tile, row, col, frag
+    tiles, fpw, gfrag, code = _band_fragments(csr, grid, band, warps)
 
-    # One bit per element: set in a byte-per-bit image of the band's bitmaps, packed little-endian.
+    # One bit per element.
     word, bit = bitmap_bit(gfrag, code, fpw)
-    image = np.zeros(tiles * warps * fpw * FRAG_WORDS * 32, dtype=bool)
-    image[word * 32 + bit] = True
-    bitmaps = np.packbits(image, bitorder="little").view("<u4").astype(np.uint32, copy=False)
-    del image, word, bit
+    bitmaps = _pack_bits(word, bit, tiles * warps * fpw * FRAG_WORDS)
+    del word, bit
 
-    # Values in consumption order: fragment by fragment, each by lane and element (code).
-    order = stable_order(code, 256)
-    order = order[stable_order(gfrag[order], tiles * warps * fpw)]
-    slice_id = gfrag[order] // fpw  # tile * warps + warp, ascending
-    per_slice = np.bincount(slice_id, minlength=tiles * warps)
-    slice_start, total, _ = slice_layout(per_slice.reshape(tiles, warps), align_values(1))
-    values = np.zeros(total, dtype=np.uint16)
-    values[slice_start[slice_id] + rank_in_group(slice_id)] = to_bits(csr.data[band.lo:band.hi][order], dtype)
-    return bitmaps, values, per_slice
+    order = _consumption_order(gfrag, code, tiles * warps * fpw)
+    halves = to_bits(csr.data[band.lo:band.hi][order], dtype)
+    return (bitmaps, *_place_values(gfrag[order] // fpw, tiles, warps, halves, align_values(1)))
 
 
 def _encode_band_pairs(csr, grid: TileGrid, band: Band, dtype: str, warps: int):
     """`_encode_band` for granule 2: one bit and one 32-bit word per nonzero register pair."""
-    tiles = band.row_tiles * grid.k_tiles
-    fpw = fragments_per_warp(grid.tile_m, warps)
-    tile, row, col = band_nonzeros(csr, grid, band)
-    frag, code = element_code(row, col, grid.tile_m, warps)
-    gfrag = tile * (warps * fpw) + frag
-    del tile, row, col, frag
+    tiles, fpw, gfrag, code = _band_fragments(csr, grid, band, warps)
 
-    # Nonzeros in consumption order (fragment, lane, element); a pair starts wherever the fragment
-    # or the register (code // 2) changes.
-    order = stable_order(code, 256)
-    order = order[stable_order(gfrag[order], tiles * warps * fpw)]
+    # Nonzeros in consumption order; a pair starts wherever the fragment or the register (code // 2) changes.
+    order = _consumption_order(gfrag, code, tiles * warps * fpw)
     g, c = gfrag[order], code[order]
     first = np.ones(order.size, dtype=bool)
     np.not_equal(g[1:] * 128 + (c[1:] >> 1), g[:-1] * 128 + (c[:-1] >> 1), out=first[1:])
@@ -198,23 +178,49 @@ def _encode_band_pairs(csr, grid: TileGrid, band: Band, dtype: str, warps: int):
     pair_frag, pair_code = g[first], c[first] >> 1
 
     word, bit = pair_bitmap_bit(pair_frag, pair_code, fpw)
-    image = np.zeros(tiles * warps * fpw * 4 * 32, dtype=bool)  # 128 bits a fragment
-    image[word * 32 + bit] = True
-    bitmaps = np.packbits(image, bitorder="little").view("<u4").astype(np.uint32, copy=False)
-    del image, word, bit
+    bitmaps = _pack_bits(word, bit, tiles * warps * fpw * FRAG_WORDS // 2)  # 128 bits a fragment
+    del word, bit
 
     halves = to_bits(csr.data[band.lo:band.hi][order], dtype).astype(np.uint32)
     high = (c & 1).astype(bool)
     words = np.zeros(pair_frag.size, dtype=np.uint32)
     words[pair_id[~high]] = halves[~high]
     words[pair_id[high]] |= halves[high] << np.uint32(16)  # each register's high half at most once
+    return (bitmaps, *_place_values(pair_frag // fpw, tiles, warps, words, align_values(2)))
 
-    slice_id = pair_frag // fpw
+
+def _band_fragments(csr, grid: TileGrid, band: Band, warps: int):
+    """(tiles, fragments per warp, global fragment, element code) of a band's nonzeros, fragments
+    numbered within the band (tile-major)."""
+    tiles = band.row_tiles * grid.k_tiles
+    fpw = fragments_per_warp(grid.tile_m, warps)
+    tile, row, col = band_nonzeros(csr, grid, band)
+    frag, code = element_code(row, col, grid.tile_m, warps)
+    return tiles, fpw, tile * (warps * fpw) + frag, code
+
+
+def _pack_bits(word, bit, words: int) -> np.ndarray:
+    """`words` little-endian uint32 with bits (word, bit) set, through a byte-per-bit image."""
+    image = np.zeros(words * 32, dtype=bool)
+    image[word * 32 + bit] = True
+    return np.packbits(image, bitorder="little").view("<u4").astype(np.uint32, copy=False)
+
+
+def _consumption_order(gfrag, code, fragments: int) -> np.ndarray:
+    """Nonzeros in the order the kernel reads their values: fragment by fragment, each by lane and
+    element (code)."""
+    order = stable_order(code, 256)
+    return order[stable_order(gfrag[order], fragments)]
+
+
+def _place_values(slice_id, tiles: int, warps: int, values, align: int):
+    """(values laid out slice by slice, each tile padded to `align`; values per slice) for `values`
+    in consumption order, `slice_id` (tile * warps + warp, ascending) each."""
     per_slice = np.bincount(slice_id, minlength=tiles * warps)
-    slice_start, total, _ = slice_layout(per_slice.reshape(tiles, warps), align_values(2))
-    values = np.zeros(total, dtype=np.uint32)
-    values[slice_start[slice_id] + rank_in_group(slice_id)] = words
-    return bitmaps, values, per_slice
+    slice_start, total, _ = slice_layout(per_slice.reshape(tiles, warps), align)
+    out = np.zeros(total, dtype=values.dtype)
+    out[slice_start[slice_id] + rank_in_group(slice_id)] = values
+    return out, per_slice
 
 
 def slice_layout(per_slice: np.ndarray, align: int) -> tuple[np.ndarray, int, np.ndarray]:
@@ -229,46 +235,28 @@ def slice_layout(per_slice: np.ndarray, align: int) -> tuple[np.ndarray, int, np
 
 
 def decode(plan: Plan) -> sp.coo_matrix:
-    """The matrix the kernel sees, rebuilt from bitmaps, slice offsets and values alone."""
+    """The matrix the kernel sees, rebuilt from bitmaps, slice offsets and values alone (granule 2:
+    both halves of every stored register, a zero half as an explicit zero)."""
     c = plan.constants
-    if c.get("granule", 1) == 2:
-        return _decode_pairs(plan)
-    tile_m, warps = c["tile_m"], c["warps"]
+    tile_m, warps, granule = c["tile_m"], c["warps"], c.get("granule", 1)
     grid = TileGrid(c["m"], c["k"], tile_m)
     fpw = fragments_per_warp(tile_m, warps)
-    words = plan.arrays["bitmaps"]
-    # little-endian words: byte [slice][lane][f], bit i; reorder to [slice][f][lane][i] = value order
-    bits = np.unpackbits(words.view(np.uint8), bitorder="little").reshape(-1, 32, fpw, 8)
-    bits = bits.transpose(0, 2, 1, 3).reshape(-1, 256)
-    gfrag, code = np.nonzero(bits)  # row-major: fragments in order, codes ascending = value order
+    per_lane = 8 // granule  # bits a lane holds of one fragment
+    # little-endian bits: [slice][lane][f][bit]; reorder to [slice][f][lane][bit] = value order
+    bits = np.unpackbits(plan.arrays["bitmaps"].view(np.uint8), bitorder="little").reshape(-1, 32, fpw, per_lane)
+    bits = bits.transpose(0, 2, 1, 3).reshape(-1, 32 * per_lane)
+    gfrag, slot = np.nonzero(bits)  # row-major: fragments in order, slots ascending = value order
     slice_id = gfrag // fpw
     offsets = plan.arrays["slice_offsets"].astype(np.int64)
-    index = offsets[slice_id] + rank_in_group(slice_id)
+    stored = plan.arrays["values"][offsets[slice_id] + rank_in_group(slice_id)]
+    if granule == 1:
+        code, halves = slot, stored
+    else:  # slot = lane * 4 + reg: the register's two elements, its word's low and high half
+        gfrag = np.repeat(gfrag, 2)
+        code = (np.repeat(slot, 2) << 1) + np.tile(np.arange(2), slot.size)
+        halves = np.stack([stored & 0xFFFF, stored >> 16], axis=1).ravel().astype(np.uint16)
     tile = gfrag // (warps * fpw)
     row, col = element_position(gfrag % (warps * fpw), code, tile_m, warps)
-    grow = (tile // grid.k_tiles) * tile_m + row
-    gcol = (tile % grid.k_tiles) * TILE_K + col
-    values = from_bits(plan.arrays["values"][index], c["dtype"])
-    return sp.coo_matrix((values, (grow, gcol)), shape=(grid.m, grid.k))
-
-
-def _decode_pairs(plan: Plan) -> sp.coo_matrix:
-    """`decode` for granule 2: both halves of every stored register (a zero half stays an explicit zero)."""
-    c = plan.constants
-    tile_m, warps = c["tile_m"], c["warps"]
-    grid = TileGrid(c["m"], c["k"], tile_m)
-    fpw = fragments_per_warp(tile_m, warps)
-    # little-endian bits: [slice][lane][4 f + reg]; reorder to [slice][f][lane][reg] = value order
-    bits = np.unpackbits(plan.arrays["bitmaps"].view(np.uint8), bitorder="little").reshape(-1, 32, fpw, 4)
-    bits = bits.transpose(0, 2, 1, 3).reshape(-1, 128)
-    gfrag, pair = np.nonzero(bits)
-    slice_id = gfrag // fpw
-    offsets = plan.arrays["slice_offsets"].astype(np.int64)
-    words = plan.arrays["values"][offsets[slice_id] + rank_in_group(slice_id)]
-    tile = np.repeat(gfrag // (warps * fpw), 2)
-    code = (np.repeat(pair, 2) << 1) + np.tile(np.arange(2), pair.size)
-    row, col = element_position(np.repeat(gfrag % (warps * fpw), 2), code, tile_m, warps)
-    halves = np.stack([words & 0xFFFF, words >> 16], axis=1).ravel().astype(np.uint16)
     grow = (tile // grid.k_tiles) * tile_m + row
     gcol = (tile % grid.k_tiles) * TILE_K + col
     inside = (grow < grid.m) & (gcol < grid.k)  # a register's other half may lie in an edge tile's padding
