@@ -181,6 +181,13 @@ def granule_grid(fam_name: str, stats, n: int, full: bool) -> list[tuple[str, di
     return out
 
 
+def stream_variants(fam_name: str) -> list[tuple[str, dict]]:
+    """`--sweep stream`: Tiled-CSL and both bitmap encodings with their split-K grid, and the same
+    with stream-K (options reduction='stream': the resident blocks share all tile products)."""
+    base = [("csl", {})] if fam_name == "csl" else [("bitmap", {"granule": 1}), ("bitmap.g2", {"granule": 2})]
+    return [v for label, options in base for v in ((label, options), (f"{label}.stream", {**options, "reduction": "stream"}))]
+
+
 def variants(fam_name: str, stats, n: int, full: bool, sparsity: float | None = None) -> list[tuple[str, dict]]:
     """(label, options) of the variants of one family for one (W, N)."""
     out = [(fam_name, {})]
@@ -282,7 +289,8 @@ def main() -> int:
     ap.add_argument("--sparsity", type=float, nargs="*", default=SPARSITIES)
     ap.add_argument("--n", type=int, nargs="*", default=NS)
     ap.add_argument("--shapes", type=str, nargs="*", default=None, help="MxK, e.g. 7168x7168")
-    ap.add_argument("--sweep", choices=("all", "some", "none", "split", "warpk", "wgmma", "bn", "tall", "reduction", "granule"),
+    ap.add_argument("--sweep", choices=("all", "some", "none", "split", "warpk", "wgmma", "bn", "tall", "reduction", "granule",
+                                            "stream"),
                     default="some",
                     help="forced variants for every (W, N), for N in {16, 64} (default), or none; "
                          "split: the --splits x --heights grid (atomics) for every (W, N); "
@@ -336,6 +344,8 @@ def main() -> int:
                     grid = tall_grid(fam_name, n)
                 elif args.sweep == "bn":
                     grid = bn_grid(fam_name, n)
+                elif args.sweep == "stream":
+                    grid = stream_variants(fam_name)
                 elif args.sweep == "granule":
                     grid = granule_grid(fam_name, stats[key], n, args.granule_knobs)
                 else:

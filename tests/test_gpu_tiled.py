@@ -180,6 +180,40 @@ def test_warpgroup_mma(family, n, tile_m, warps, reduction, dtype):
         assert kernel.spec.wgmma and ".wg" in kernel.spec.name
 
 
+# Stream-K: (m, k, density, n, options). Units (m-tiles x k-tiles) shared so that blocks end inside
+# m-tiles, span several, or hold whole ones (straight to Y); rows and columns past the tiles.
+STREAM_CASES = [
+    (700, 64 * 11 + 5, 0.15, 16, {}),  # 6 x 12 units: m-tiles shared by 3 blocks
+    (2000, 3000, 0.1, 64, {}),  # 16 x 47 units
+    (1000, 300, 0.3, 8, {"tile_m": 64}),  # 16 x 5 units, 4 a block: blocks span m-tiles
+    (2000, 128, 0.3, 16, {}),  # 16 x 2 units, 4 a block: whole m-tiles written straight to Y
+    (129, 5000, 0.2, 32, {}),  # two m-tiles, the second one row
+    (300, 2000, 0.3, 34, {"out": "float32"}),
+]
+
+
+@pytest.mark.parametrize("family,granule", [("tiled_csl_spmm", None), ("tiled_bitmap_spmm", 1),
+                                            ("tiled_bitmap_spmm", 2)])
+@pytest.mark.parametrize("case", STREAM_CASES, ids=lambda c: f"{c[0]}x{c[1]}-n{c[3]}")
+def test_stream_k(family, granule, case):
+    """Stream-K (options reduction='stream'): partial m-tiles summed by atomics and finished by the
+    block completing them, whole ones stored directly; bias + ReLU; repeat calls (self-cleaning)."""
+    m, k, density, n, options = case
+    a = random_csr(m, k, density, seed=41, empty_rows=0.1)
+    extra = {} if granule is None else {"granule": granule}
+    kernel = run_check(a, n, family, bias=np.linspace(-1, 1, m), relu=True, calls=3, reduction="stream",
+                       **options, **extra)
+    assert kernel.spec.reduction == "stream" and ".stream" in kernel.spec.name
+    assert 1 <= kernel.spec.grid <= kernel.spec.m_tiles * kernel.spec.k_tiles // 4 or kernel.spec.grid == 1
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_stream_k_odd_n_and_bf16(family):
+    a = random_csr(500, 1500, 0.3, seed=42, empty_rows=0.05)
+    run_check(a, 33, family, reduction="stream", calls=2)
+    run_check(a, 40, family, dtype="bfloat16", reduction="stream", calls=2)
+
+
 def test_split_past_the_cluster_limit_falls_back_to_atomics():
     a = random_csr(256, 64 * 40, 0.3, seed=21)
     kernel = run_check(a, 16, "tiled_csl_spmm", split_k=10)

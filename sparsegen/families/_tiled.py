@@ -41,7 +41,7 @@ MAX_BN = 64  # columns per block: MF x NF x 4 fp32 accumulators per thread stay 
 MIN_DENSITY = 0.05  # below this, tile math on zeros costs more than CSR kernels' work on nonzeros
 DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 DTYPE_LONG = {v: k for k, v in DTYPE_SHORT.items()}
-REDUCTIONS = ("none", "atomic", "two_step", "cluster")
+REDUCTIONS = ("none", "atomic", "two_step", "cluster", "stream")
 
 # ---- H100 estimates (calibrate with `sparsegen bench llm`) ----------------------------------
 HBM_BYTES_PER_S = 3.0e12  # measured copy bandwidth 2.96 TB/s
@@ -92,6 +92,9 @@ class TiledSpec(KernelSpec):
     # Hopper's warpgroup MMA (sm_90a): each warpgroup's A fragments (registers) times the X tile read
     # by the tensor cores straight from shared memory, so no warp loads B fragments
     wgmma: bool = False
+    # stream-K (reduction "stream"): this many resident blocks share the m_tiles x k_tiles tile
+    # products evenly (no last partial wave); 0 for the split-K grid
+    grid: int = 0
 
     def compile_arch(self, arch: str) -> str:
         """wgmma needs the architecture-specific target (sm_90 -> sm_90a)."""
@@ -111,6 +114,9 @@ class TiledSpec(KernelSpec):
 
     @property
     def kt_per_split(self) -> int:
+        """k-tiles a block walks: its split of K, or with stream-K its share of all tile products."""
+        if self.reduction == "stream":
+            return -(-self.m_tiles * self.k_tiles // max(self.grid, 1))
         return -(-self.k_tiles // self.split_k)
 
     @property
@@ -150,19 +156,20 @@ class TiledSpec(KernelSpec):
 
     def base_name(self) -> str:
         out = f".o{self.out}" if self.out != self.dtype else ""
-        red = {"none": "", "atomic": "a", "two_step": "r", "cluster": "c"}[self.reduction]
+        red = {"none": "", "atomic": "a", "two_step": "r", "cluster": "c", "stream": ""}[self.reduction]
+        work = f".stream{self.grid}" if self.reduction == "stream" else f".sk{self.split_k}{red}"
         epi = epilogue_suffix(self.bias, self.relu)
         mb = f".mb{self.min_blocks}" if self.min_blocks > 1 else ""
         mb += f".w{self.warps}" if self.warps != WARPS else ""
         mb += f".wk{self.warp_k}" if self.warp_k != 1 else ""
         mb += ".wg" if self.wgmma else ""
         return (f"{self.family}.{self.dtype}{out}.m{self.m}k{self.k}n{self.n}.t{self.tile_m}x{TILE_K}"
-                f".bn{self.bn}.sk{self.split_k}{red}{mb}"), epi
+                f".bn{self.bn}{work}{mb}"), epi
 
     def fields(self) -> dict:
         """Template variables: the fields plus the derived constants every template needs."""
         d = super().fields()
-        d.update(m_tiles=self.m_tiles, k_tiles=self.k_tiles, n_tiles=self.n_tiles, kt_per_split=self.kt_per_split,
+        d.update(units=self.m_tiles * self.k_tiles, m_tiles=self.m_tiles, k_tiles=self.k_tiles, n_tiles=self.n_tiles, kt_per_split=self.kt_per_split,
                  warps=self.warps, threads=self.threads, row_groups=self.row_groups, warp_rows=self.warp_rows, mf=self.mf, nf=self.nf, xv=self.xv,
                  tile_k=TILE_K)
         return d
@@ -250,6 +257,16 @@ def gate(stats, request: Request):
             return decline("options wgmma=True with l2_prefetch=True: the wgmma pipeline has no L2 prefetch")
         if warp_k != 1:
             return decline(f"options wgmma=True with warp_k={warp_k}: a warpgroup's 4 warps share each k16 step")
+    if request.option("reduction") == "stream":
+        if request_wgmma(request) or warp_k != 1:
+            return decline("options reduction='stream' with wgmma or k-groups: stream-K runs the mma.sync kernels "
+                           "with one row group per warp")
+        if request.option("split_k") is not None:
+            return decline("options reduction='stream' with split_k=: stream-K shares all tile products among "
+                           "the resident blocks instead of splitting K")
+        if request.n > request_bn(request):
+            return decline(f"options reduction='stream' with n={request.n} over {request_bn(request)}-column "
+                           f"blocks: stream-K walks one column tile")
     row_groups = warps // warp_k
     if request.option("tile_m") is not None and request.option("tile_m") < 16 * row_groups:
         return decline(f"options tile_m={request.option('tile_m')} with {warps} warps in {row_groups} row groups: "
@@ -381,6 +398,15 @@ def reduction_seconds(split: int, m: int, n: int) -> tuple[float, float]:
     return atomic, two_step
 
 
+def stream_reduction_seconds(spec: TiledSpec) -> float:
+    """Stream-K's atomics: a block's range of tile products cuts at most two m-tiles short (more when
+    its share is under an m-tile's k-tiles), each such piece reduced as a split-K partial sum."""
+    per_block = spec.m_tiles * spec.k_tiles / max(spec.grid, 1)
+    pieces = 2 * spec.grid if per_block >= spec.k_tiles else spec.grid + spec.m_tiles
+    partial = 4.0 * min(pieces * spec.tile_m, 2 * spec.grid * spec.tile_m) * spec.n
+    return partial / ATOMIC_BYTES_PER_S + 8.0 * spec.m * spec.n / HBM_BYTES_PER_S
+
+
 def wide_two_step(spec: TiledSpec) -> bool:
     """Wide blocks (bn > NARROW_BN) whose split-K partial sums a second launch reduces: the
     reduction `modelled_split` takes for them."""
@@ -391,6 +417,8 @@ def spec_reduction_seconds(spec: TiledSpec) -> float:
     """Predicted cost of the reduction `spec` makes (0 without split-K). Wide blocks reduced by a
     second launch are charged what the cluster is: the skinny cost model's rates were fitted to the
     cluster kernels, and the two-step kernels measured as fast as those or faster (WIDE_REDUCTION)."""
+    if spec.reduction == "stream":
+        return stream_reduction_seconds(spec)
     if spec.split_k == 1 or spec.reduction == "none":
         return 0.0
     if spec.reduction == "cluster" or wide_two_step(spec):
@@ -442,7 +470,10 @@ def choose_split(stats, request: Request, n: int, bn: int, resident: int, w_byte
     Narrow blocks (bn <= NARROW_BN, unless options force a split or reduction): the tallest tile that
     fits M, split-K so that each split walks about KT_PER_SPLIT_TARGET k-tiles (raised until the
     blocks cover every SM, when M is short), reduced by fp32 atomics (or a second launch where
-    `reduction_seconds` predicts that cheaper). Otherwise `modelled_split`."""
+    `reduction_seconds` predicts that cheaper). Otherwise `modelled_split`; stream-K where asked for
+    (`stream_split`)."""
+    if request_stream(request):
+        return stream_split(stats, request, heights)
     m, k = stats.shape
     forced = request.option("split_k") is not None or request.option("reduction") not in (None, "atomic")
     if bn > NARROW_BN or forced:
@@ -468,6 +499,35 @@ def choose_split(stats, request: Request, n: int, bn: int, resident: int, w_byte
                                                      f"than a cluster for narrow blocks)")
     return Split(tile_m, split, "two_step", why + f"; reduce through a second, deterministic launch "
                                                   f"(~{two_step_s * 1e6:.1f} us)")
+
+
+def request_stream(request: Request) -> bool:
+    """Whether the request asks for stream-K (options reduction='stream')."""
+    return request.option("reduction") == "stream"
+
+
+def stream_split(stats, request: Request, heights: tuple = (128, 64)) -> Split:
+    """Stream-K: the tallest tile height that fits M; the resident blocks (`stream_grid`) share the
+    tile products, partial m-tiles meet through fp32 atomics."""
+    m, _ = stats.shape
+    tile_m = request.option("tile_m") or next((h for h in usable_heights(heights, request) if h <= max(m, 64)),
+                                              16 * request_warps(request))
+    return Split(tile_m, 1, "stream", "stream-K: every resident block walks an equal share of the m-tiles' k-tiles "
+                                      "(no partial last wave); an m-tile shared by blocks is summed by fp32 atomics, "
+                                      "the block completing its k-tiles finishes it")
+
+
+def stream_grid(m_tiles: int, k_tiles: int, resident: int, sms: int) -> int:
+    """Blocks of a stream-K launch: every resident slot (SMs x `resident`), each with at least
+    MIN_K_TILES_PER_SPLIT tile products."""
+    return max(1, min(sms * resident, m_tiles * k_tiles // MIN_K_TILES_PER_SPLIT))
+
+
+def with_stream_grid(spec: TiledSpec, sms: int) -> TiledSpec:
+    """A stream-K spec with its blocks set for its residency (`stream_grid`); other specs unchanged."""
+    if spec.reduction != "stream":
+        return spec
+    return dataclasses.replace(spec, grid=stream_grid(spec.m_tiles, spec.k_tiles, spec.min_blocks, sms))
 
 
 def modelled_split(stats, request: Request, n: int, bn: int, resident: int, kernel_s: float,
@@ -544,16 +604,16 @@ def main_args(spec: TiledSpec, format_args: tuple) -> tuple:
         if spec.bias:
             args.append(Arg("bias", "plan"))
         args.append(Arg("y", "output"))
-    if spec.reduction in ("atomic", "two_step"):
+    if spec.reduction in ("atomic", "two_step", "stream"):
         args.append(Arg("workspace", "scratch"))
-    if spec.reduction == "atomic":
+    if spec.reduction in ("atomic", "stream"):
         args.append(Arg("counters", "scratch"))
     return tuple(args)
 
 
 def steps(spec: TiledSpec, format_args: tuple, kernel: str, shared_bytes: int) -> tuple:
-    main = Step(kernel, main_args(spec, format_args),
-                Launch((spec.n_tiles, spec.m_tiles, spec.split_k), (spec.threads, 1, 1), shared_bytes))
+    grid = (spec.grid, 1, 1) if spec.reduction == "stream" else (spec.n_tiles, spec.m_tiles, spec.split_k)
+    main = Step(kernel, main_args(spec, format_args), Launch(grid, (spec.threads, 1, 1), shared_bytes))
     if spec.reduction != "two_step":
         return (main,)
     args = (Arg("workspace", "scratch"),) + ((Arg("bias", "plan"),) if spec.bias else ()) + (Arg("y", "output"),)
@@ -562,9 +622,9 @@ def steps(spec: TiledSpec, format_args: tuple, kernel: str, shared_bytes: int) -
 
 def scratch_constants(spec: TiledSpec) -> dict:
     """Device buffers the runtime allocates zeroed once per kernel (kind "scratch")."""
-    partials = {"none": 0, "cluster": 0, "atomic": 1, "two_step": spec.split_k}[spec.reduction]
+    partials = {"none": 0, "cluster": 0, "atomic": 1, "stream": 1, "two_step": spec.split_k}[spec.reduction]
     ws = partials * spec.m * spec.n
-    counters = spec.m_tiles * spec.n_tiles if spec.reduction == "atomic" else 0
+    counters = spec.m_tiles * spec.n_tiles if spec.reduction in ("atomic", "stream") else 0
     return {"workspace_bytes": 4 * ws, "counters_bytes": 4 * counters}
 
 

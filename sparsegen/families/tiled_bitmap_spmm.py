@@ -155,6 +155,7 @@ def _choose(stats, request: Request) -> tuple[Spec, str]:
     spec = Spec(T.DTYPE_SHORT[request.dtype], T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
                 split.reduction, request.bias, request.relu, blocks, warps, 1, T.request_wgmma(request), stages=stages,
                 l2_prefetch=bool(request.option("l2_prefetch", False)), granule=granule)
+    spec = T.with_stream_grid(spec, sms)
     return spec, f"{blocks} blocks per SM; {split.reason}"
 
 
@@ -248,7 +249,7 @@ def finalize(spec: Spec, plan, request: Request) -> Spec:
     """Size a stage's value buffer for the fullest tile, then the ring depth and residency."""
     vcap = max(8, plan.constants["max_tile_values"])
     blocks, stages = ring_for(spec.tile_m, spec.bn, vcap, request, spec.warps, spec.granule)
-    return dataclasses.replace(spec, vcap=vcap, stages=stages, min_blocks=blocks)
+    return T.with_stream_grid(dataclasses.replace(spec, vcap=vcap, stages=stages, min_blocks=blocks), sm_count(request.arch))
 
 
 def steps(spec: Spec, plan) -> tuple:

@@ -127,13 +127,15 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     est = cost(stats, request, 128, bn)
     split = T.choose_split(stats, request, n, bn, resident, est.bytes, est.seconds(sm_count(request.arch)),
                            heights=(128, 64), target_blocks=min(resident, 3))
-    kt_per_split = -(-k_tiles // split.split_k)
+    kt_per_split = stream_kt_bound(stats, split.tile_m, k_tiles, request) if split.reduction == "stream" \
+        else -(-k_tiles // split.split_k)
     blocks, stages, _ = ring_for(split.tile_m, bn, max(1, vectors * split.tile_m // 128), kt_per_split, request,
                                  warps, warp_k)
     spec = Spec(T.DTYPE_SHORT[request.dtype], T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
                 split.reduction, request.bias, request.relu, blocks, warps, warp_k, T.request_wgmma(request), stages=stages,
                 strict_banks=bool(request.option("strict_banks", False)),
                 l2_prefetch=bool(request.option("l2_prefetch", False)))
+    spec = T.with_stream_grid(spec, sm_count(request.arch))
     reason = (f"density {stats.density:.2f}: Tiled-CSL {est.bytes / max(m * k, 1):.2f} B/element "
               f"({4 * stats.density:.2f} for values + positions); {spec.tile_m}x{T.TILE_K} tiles, {bn} columns "
               f"per block ({spec.n_tiles} column tile{'s' if spec.n_tiles > 1 else ''}), {stages}-slot cp.async ring, "
@@ -188,11 +190,22 @@ def encode(csr, spec: Spec, bias=None):
 def finalize(spec: Spec, plan, request: Request) -> Spec:
     """Size a ring slot for the fullest tile, then the depth and residency (`ring_for`); options
     cap_vecs= forces the slot size (e.g. to exercise the from-global rest)."""
-    blocks, stages, cap = ring_for(spec.tile_m, spec.bn, plan.constants["max_tile_vectors"], spec.kt_per_split,
+    kt_per_split = (stream_kt_bound(None, spec.tile_m, spec.k_tiles, request, spec.m) if spec.reduction == "stream"
+                    else spec.kt_per_split)
+    blocks, stages, cap = ring_for(spec.tile_m, spec.bn, plan.constants["max_tile_vectors"], kt_per_split,
                                    request, spec.warps, spec.warp_k)
     forced = request.option("cap_vecs")
     cap = max(1, int(forced)) if forced is not None else cap
-    return dataclasses.replace(spec, min_blocks=blocks, stages=stages, cap_vecs=cap)
+    spec = dataclasses.replace(spec, min_blocks=blocks, stages=stages, cap_vecs=cap)
+    return T.with_stream_grid(spec, sm_count(request.arch))
+
+
+def stream_kt_bound(stats, tile_m: int, k_tiles: int, request: Request, m: int | None = None) -> int:
+    """Stream-K: the most tile products a block walks whatever its residency (one block per SM, at
+    least 4 each), which sizes the block's shared tile offsets before the residency is known."""
+    m = stats.shape[0] if m is None else m
+    units = -(-m // tile_m) * k_tiles
+    return -(-units // T.stream_grid(-(-m // tile_m), k_tiles, 1, sm_count(request.arch)))
 
 
 def steps(spec: Spec, plan) -> tuple:
