@@ -31,6 +31,7 @@ starts) and shared by the variants; cubins compile in parallel threads (and are 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import concurrent.futures as cf
 import math
 import multiprocessing as mp
@@ -188,6 +189,22 @@ def stream_variants(fam_name: str) -> list[tuple[str, dict]]:
     return [v for label, options in base for v in ((label, options), (f"{label}.stream", {**options, "reduction": "stream"}))]
 
 
+def blocks_variants(fam_name: str, stats, n: int) -> list[tuple[str, dict]]:
+    """`--sweep blocks`: both bitmap encodings as chosen, and with one and two more resident blocks per
+    SM asked of the register allocator (`PROBE_MIN_BLOCKS`, set on the finalized spec: the families'
+    register estimate caps residency before ptxas is asked)."""
+    if fam_name == "csl":
+        return []
+    out = []
+    for label, options in (("bitmap", {"granule": 1}), ("bitmap.g2", {"granule": 2})):
+        out.append((label, options))
+        base, _ = BM.choose(stats, request_for(n, options))
+        for extra in (1, 2):
+            if base.min_blocks + extra <= T.MAX_BLOCKS_PER_SM:
+                out.append((f"{label}.mb{base.min_blocks + extra}", {**options, PROBE_MIN_BLOCKS: base.min_blocks + extra}))
+    return out
+
+
 def variants(fam_name: str, stats, n: int, full: bool, sparsity: float | None = None) -> list[tuple[str, dict]]:
     """(label, options) of the variants of one family for one (W, N)."""
     out = [(fam_name, {})]
@@ -218,7 +235,11 @@ def variants(fam_name: str, stats, n: int, full: bool, sparsity: float | None = 
     return out
 
 
+PROBE_MIN_BLOCKS = "probe_min_blocks"  # a probe-only option: __launch_bounds__ minimum blocks of the final spec
+
+
 def request_for(n: int, options: dict) -> Request:
+    options = {k: v for k, v in options.items() if k != PROBE_MIN_BLOCKS}
     return Request("spmm", n=n, dtype="float16", arch=ARCH, options=tuple(sorted(options.items())))
 
 
@@ -290,7 +311,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, nargs="*", default=NS)
     ap.add_argument("--shapes", type=str, nargs="*", default=None, help="MxK, e.g. 7168x7168")
     ap.add_argument("--sweep", choices=("all", "some", "none", "split", "warpk", "wgmma", "bn", "tall", "reduction", "granule",
-                                            "stream"),
+                                            "stream", "blocks"),
                     default="some",
                     help="forced variants for every (W, N), for N in {16, 64} (default), or none; "
                          "split: the --splits x --heights grid (atomics) for every (W, N); "
@@ -346,6 +367,8 @@ def main() -> int:
                     grid = bn_grid(fam_name, n)
                 elif args.sweep == "stream":
                     grid = stream_variants(fam_name)
+                elif args.sweep == "blocks":
+                    grid = blocks_variants(fam_name, stats[key], n)
                 elif args.sweep == "granule":
                     grid = granule_grid(fam_name, stats[key], n, args.granule_knobs)
                 else:
@@ -374,6 +397,8 @@ def main() -> int:
             request, spec, _ = initial_spec(fam, stats[key], n, options)
             base = plans[(key, plan_key(fam, spec))]
             spec = fam.finalize(spec, T.with_scratch(base, spec), request)
+            if PROBE_MIN_BLOCKS in options:
+                spec = T.with_stream_grid(dataclasses.replace(spec, min_blocks=options[PROBE_MIN_BLOCKS]), 132)
             plan = T.with_scratch(base, spec)
             source = render(spec, Provenance("probe", "python benchmarks/tiled_probe.py"))
             kernels[(key, n, label)] = (Kernel(spec=spec, selection=None, plan=plan, source=source, request=request,

@@ -274,4 +274,6 @@ def test_wide_blocks_reduce_split_k_by_a_second_launch():
                                    Request("spmm", n=64, dtype="float16", arch="sm_90", options=(("reduction", how),)))
             assert forced.reduction == how  # as asked
         narrow, _ = fam.choose(uniform_stats(7168, 28672, 0.1), Request("spmm", n=32, dtype="float16", arch="sm_90"))
-        assert narrow.bn == 32 and narrow.reduction == "atomic"  # narrow blocks keep their measured atomics
+        assert narrow.bn == 32 and narrow.reduction == "stream"  # past one wave: stream-K (T.STREAM_BNS)
+        one_wave, _ = fam.choose(uniform_stats(1024, 28672, 0.1), Request("spmm", n=32, dtype="float16", arch="sm_90"))
+        assert one_wave.reduction == "atomic"  # narrow blocks within one wave keep their measured atomics

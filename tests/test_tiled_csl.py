@@ -272,12 +272,18 @@ def test_fp16_selection_picks_a_tiled_family_with_a_reason_and_float32_does_not(
 
 @pytest.mark.parametrize("m,k,n", [(7168, 28672, 8), (28672, 7168, 64), (12288, 49152, 32), (256, 256, 16)])
 def test_split_k_is_derived_from_shape_and_sm_count(m, k, n):
-    """No split empty; enough blocks for the SMs when K allows; the reason says how."""
+    """No split empty; enough blocks for the SMs when K allows; the reason says how. Past one wave
+    at N <= 32, stream-K instead (T.STREAM_BNS), its grid every resident slot."""
     stats = uniform_stats(m, k, 0.2)
     spec, reason = fam.choose(stats, sparsegen.families.base.Request("spmm", n=n, dtype="float16"))
+    if spec.reduction == "stream":
+        assert n <= 32 and "past one wave" in reason and "stream-K" in reason
+        assert spec.grid == min(132 * spec.min_blocks, spec.m_tiles * spec.k_tiles // 4)
+        return
     assert (spec.split_k - 1) * spec.kt_per_split < spec.k_tiles
     assert spec.reduction == ("none" if spec.split_k == 1 else spec.reduction)
     blocks = spec.m_tiles * spec.n_tiles * spec.split_k
+    assert n > 32 or blocks <= 132 * spec.min_blocks  # else stream-K
     if spec.k_tiles >= 4 * 8:
         assert blocks >= 132
     assert "blocks for 132 SMs" in reason

@@ -460,18 +460,28 @@ def usable_heights(heights: tuple, request: Request) -> tuple:
 # 1-4 % of it, so narrow blocks keep them).
 KT_PER_SPLIT_TARGET = 16
 NARROW_BN = 32
+# Stream-K instead of a split-K grid of more than one wave (probes/tiled_probe_stream{1,2}.txt: 6 OPT
+# shapes at 70 and 90 %, N 8-64, each variant with its split-K grid and with stream-K; time ratios
+# stream / split): Tiled-CSL at N <= 32 past one wave faster in 31 of 31 (0.82-1.00, geomean 0.92:
+# fewer blocks, fewer prologues zeroing its W buffers); bitmap at 32 columns past one wave faster in
+# 17 of 20 (0.76-1.01, geomean 0.93; 9216^2's grid of 1.23 waves lost the most to its last wave).
+# Not taken: bitmap at 8 and 16 columns (single elements 1.03 geomean, up to 1.09; register pairs
+# 0.94 at 70 % but 1.05 at 90 %), any family at 64 columns (1.09 geomean, up to 1.22: fp32 partial
+# sums 4x wider), and grids within one wave (1.03 geomean).
+STREAM_BNS = {"tiled_csl_spmm": (8, 16, 32), "tiled_bitmap_spmm": (32,)}
 WIDE_REDUCTION = "two_step"
 
 
 def choose_split(stats, request: Request, n: int, bn: int, resident: int, w_bytes: float, kernel_s: float,
-                 heights: tuple = (128, 64), target_blocks: int = 3) -> Split:
+                 heights: tuple = (128, 64), target_blocks: int = 3, stream_bns: tuple = ()) -> Split:
     """Tile height, split-K factor and reduction, from M, K, N, the SM count and residency.
 
     Narrow blocks (bn <= NARROW_BN, unless options force a split or reduction): the tallest tile that
     fits M, split-K so that each split walks about KT_PER_SPLIT_TARGET k-tiles (raised until the
     blocks cover every SM, when M is short), reduced by fp32 atomics (or a second launch where
-    `reduction_seconds` predicts that cheaper). Otherwise `modelled_split`; stream-K where asked for
-    (`stream_split`)."""
+    `reduction_seconds` predicts that cheaper). Otherwise `modelled_split`. Stream-K (`stream_split`)
+    where asked for, and unasked for narrow blocks of a width in `stream_bns` (the family's) whose
+    split-K grid would run past one wave of `resident` blocks per SM (`prefer_stream`)."""
     if request_stream(request):
         return stream_split(stats, request, heights)
     m, k = stats.shape
@@ -488,6 +498,11 @@ def choose_split(stats, request: Request, n: int, bn: int, resident: int, w_byte
     while tiles * split < sms and split < max_split:
         split += 1
     split = max(1, -(-k_tiles // -(-k_tiles // split)))  # no empty split
+    if bn in stream_bns and n <= bn and tiles * split > sms * resident and request.option("reduction") is None:
+        chosen = stream_split(stats, request, heights)
+        return dataclasses.replace(chosen, reason=f"{tiles} output tiles x split-K {split} would be {tiles * split} "
+                                                  f"blocks for {sms} SMs x {resident} resident, past one wave; "
+                                                  + chosen.reason)
     why = (f"{tiles} output tiles x split-K {split} ({-(-k_tiles // split)} of {k_tiles} k-tiles each, "
            f"target {KT_PER_SPLIT_TARGET}) = {tiles * split} blocks for {sms} SMs x {resident} resident")
     if split == 1:

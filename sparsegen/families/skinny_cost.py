@@ -138,7 +138,8 @@ def spec_seconds(stats, request: Request, spec, rates: TileRates | None = None) 
     per_tile = np.maximum(bytes_fn(nnz) / bytes_per_cycle,
                           rates.base + rates.per_column * spec.bn + rates.per_nonzero * nnz)
     cycles = spec.n_tiles * (float((per_tile * counts).sum()) + empty * EMPTY_TILE_CYCLES)
-    busy = min(1.0, spec.m_tiles * spec.n_tiles * spec.split_k / sms)  # fewer blocks than SMs leave SMs idle
+    blocks = spec.grid if spec.reduction == "stream" else spec.m_tiles * spec.n_tiles * spec.split_k
+    busy = min(1.0, blocks / sms)  # fewer blocks than SMs leave SMs idle
     return max(TILED_FLOOR_S, LAUNCH_S + rates.fixed_s + cycles / (sms * T.CLOCK_HZ * busy) + T.spec_reduction_seconds(spec))
 
 

@@ -149,7 +149,8 @@ def _choose(stats, request: Request) -> tuple[Spec, str]:
     resident, _ = ring_for(128, bn, vcap_est, request, warps, granule)
     est = cost(stats, request, 128, bn)
     split = T.choose_split(stats, request, n, bn, resident, est.bytes, est.seconds(sms),
-                           heights=(128, 64), target_blocks=min(resident, 4))
+                           heights=(128, 64), target_blocks=min(resident, 4),
+                           stream_bns=T.STREAM_BNS[FAMILY])
     vcap = -(-max(vcap_est * split.tile_m // 128, 8) // 8) * 8
     blocks, stages = ring_for(split.tile_m, bn, vcap, request, warps, granule)
     spec = Spec(T.DTYPE_SHORT[request.dtype], T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,

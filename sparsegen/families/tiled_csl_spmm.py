@@ -126,7 +126,8 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     resident, _, _ = ring_for(128, bn, vectors, k_tiles, request, warps, warp_k)
     est = cost(stats, request, 128, bn)
     split = T.choose_split(stats, request, n, bn, resident, est.bytes, est.seconds(sm_count(request.arch)),
-                           heights=(128, 64), target_blocks=min(resident, 3))
+                           heights=(128, 64), target_blocks=min(resident, 3),
+                           stream_bns=T.STREAM_BNS[FAMILY])
     kt_per_split = stream_kt_bound(stats, split.tile_m, k_tiles, request) if split.reduction == "stream" \
         else -(-k_tiles // split.split_k)
     blocks, stages, _ = ring_for(split.tile_m, bn, max(1, vectors * split.tile_m // 128), kt_per_split, request,
