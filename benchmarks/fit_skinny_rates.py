@@ -30,7 +30,7 @@ from sparsegen.families import skinny_cost  # noqa: E402
 from sparsegen.families.base import Request  # noqa: E402
 from tests.tiled_helpers import uniform_stats  # noqa: E402
 
-SPEC = re.compile(r"\.m(\d+)k(\d+)n(\d+)\.t(\d+)x64\.bn\d+\.sk(\d+)([acr]?)")
+SPEC = re.compile(r"\.m(\d+)k(\d+)n(\d+)\.t(\d+)x64\.bn\d+\.(?:sk(\d+)([acr]?)|stream\d+)")
 GRANULE = re.compile(r"\.g(\d+)(\.|$)")
 REDUCTION = {"": "none", "a": "atomic", "c": "cluster", "r": "two_step"}
 
@@ -39,8 +39,12 @@ def spec_options(spec: str) -> dict:
     m = SPEC.search(spec)
     if m is None:
         raise ValueError(f"not a tile spec name: {spec}")
-    tile_m, split, red = int(m.group(4)), int(m.group(5)), REDUCTION[m.group(6)]
-    out = {"tile_m": tile_m, "split_k": split} | ({"reduction": red} if split > 1 else {})
+    tile_m = int(m.group(4))
+    if m.group(5) is None:  # stream-K: the resident blocks share the tile products
+        out = {"tile_m": tile_m, "reduction": "stream"}
+    else:
+        split, red = int(m.group(5)), REDUCTION[m.group(6)]
+        out = {"tile_m": tile_m, "split_k": split} | ({"reduction": red} if split > 1 else {})
     if spec.startswith("tiled_bitmap_spmm"):  # the bitmap encoding, fixed (the chooser would pick one)
         g = GRANULE.search(spec)
         out["granule"] = int(g.group(1)) if g else 1

@@ -171,7 +171,7 @@ def granule_grid(fam_name: str, stats, n: int, full: bool) -> list[tuple[str, di
     granule=2); with --granule-knobs, that spec's tile heights, residency and ring depth too."""
     if fam_name == "csl":
         return [("csl", {})]
-    out = [("bitmap", {}), ("bitmap.g2", {"granule": 2})]
+    out = [("bitmap", {"granule": 1}), ("bitmap.g2", {"granule": 2})]  # each encoding forced
     if full:
         base, _ = BM.choose(stats, Request("spmm", n=n, dtype="float16", arch=ARCH, options=(("granule", 2),)))
         for h in (64, 128, 256):
