@@ -85,15 +85,16 @@ class TileRates:
 
 # Fitted by benchmarks/fit_skinny_rates.py (least squares on log time, Nelder-Mead) to the tile kernels
 # as the chooser builds them on the H100: the 96 default-spec times per variant of
-# benchmarks/results/h100-80gb-hbm3/probes/tiled_probe_granule_{unrolled,more}.txt (six OPT shapes,
-# 50/70/80/90 %, N 8-64; the kernels of c8cfadd, with the copies in unrolled rounds). Median error
-# Tiled-CSL 5.2 % (at most 19.5 %), bitmap 4.5 % (16.8 %), register pairs 7.0 % (20.0 %). (The
-# rates before were fitted to llm-calibration/llm.json's 128 times of the older kernels.)
+# benchmarks/results/h100-80gb-hbm3/probes/tiled_probe_granule_stream{,_more}.txt (six OPT shapes,
+# 50/70/80/90 %, N 8-64; the kernels of 36ca3d2, stream-K where a split-K grid would pass one wave:
+# Tiled-CSL at N <= 32, bitmap at 32 columns). Median error Tiled-CSL 4.9 % (at most 23.7 %), bitmap
+# 4.4 % (13.2 %), register pairs 6.2 % (17.5 %). (Before: tiled_probe_granule_{unrolled,more}.txt,
+# the split-K kernels of c8cfadd; before that llm-calibration/llm.json.)
 # Keyed by `rates_key`: a family, and "tiled_bitmap_spmm.g2" for bitmap's register-pair encoding.
 RATES = {
-    "tiled_csl_spmm": TileRates(base=96.4, per_column=11.75, per_nonzero=0.273, fixed_s=7.66e-6),
-    "tiled_bitmap_spmm": TileRates(base=363.0, per_column=13.07, per_nonzero=0.044, fixed_s=8.50e-6),
-    "tiled_bitmap_spmm.g2": TileRates(base=175.9, per_column=12.47, per_nonzero=0.135, fixed_s=5.95e-6),
+    "tiled_csl_spmm": TileRates(base=143.4, per_column=11.76, per_nonzero=0.246, fixed_s=4.21e-6),
+    "tiled_bitmap_spmm": TileRates(base=383.8, per_column=13.22, per_nonzero=0.042, fixed_s=7.46e-6),
+    "tiled_bitmap_spmm.g2": TileRates(base=192.6, per_column=12.85, per_nonzero=0.109, fixed_s=5.67e-6),
 }
 TILE_FAMILIES = ("tiled_csl_spmm", "tiled_bitmap_spmm")
 DENSE = "dense_gemm"
