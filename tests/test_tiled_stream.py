@@ -44,6 +44,7 @@ def test_stream_source_flushes_m_tiles_instead_of_the_split_epilogue(family):
     source = stream_kernel(family, bias=None).source
     assert "constexpr int GRID = " in source and "constexpr int UNITS = " in source
     assert "stream_flush(acc, (u0 + t) / K_TILES, t + 1 - first" in source
+    assert "stream_after_tile(acc, u0, t, tiles, first" in source
     assert "epilogue(acc" not in source and "blockIdx.z" not in source
     assert "atomicAdd(counters + mt, count) + count == K_TILES" in source
     split = sparsegen.compile(random_csr(700, 2000, 0.2, seed=7), n=16, dtype="float16", backend="emulate",

@@ -481,7 +481,7 @@ def choose_split(stats, request: Request, n: int, bn: int, resident: int, w_byte
     blocks cover every SM, when M is short), reduced by fp32 atomics (or a second launch where
     `reduction_seconds` predicts that cheaper). Otherwise `modelled_split`. Stream-K (`stream_split`)
     where asked for, and unasked for narrow blocks of a width in `stream_bns` (the family's) whose
-    split-K grid would run past one wave of `resident` blocks per SM (`prefer_stream`)."""
+    split-K grid would run past one wave of `resident` blocks per SM (STREAM_BNS says why)."""
     if request_stream(request):
         return stream_split(stats, request, heights)
     m, k = stats.shape

@@ -128,7 +128,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     split = T.choose_split(stats, request, n, bn, resident, est.bytes, est.seconds(sm_count(request.arch)),
                            heights=(128, 64), target_blocks=min(resident, 3),
                            stream_bns=T.STREAM_BNS[FAMILY])
-    kt_per_split = stream_kt_bound(stats, split.tile_m, k_tiles, request) if split.reduction == "stream" \
+    kt_per_split = stream_kt_bound(m, split.tile_m, k_tiles, request) if split.reduction == "stream" \
         else -(-k_tiles // split.split_k)
     blocks, stages, _ = ring_for(split.tile_m, bn, max(1, vectors * split.tile_m // 128), kt_per_split, request,
                                  warps, warp_k)
@@ -191,7 +191,7 @@ def encode(csr, spec: Spec, bias=None):
 def finalize(spec: Spec, plan, request: Request) -> Spec:
     """Size a ring slot for the fullest tile, then the depth and residency (`ring_for`); options
     cap_vecs= forces the slot size (e.g. to exercise the from-global rest)."""
-    kt_per_split = (stream_kt_bound(None, spec.tile_m, spec.k_tiles, request, spec.m) if spec.reduction == "stream"
+    kt_per_split = (stream_kt_bound(spec.m, spec.tile_m, spec.k_tiles, request) if spec.reduction == "stream"
                     else spec.kt_per_split)
     blocks, stages, cap = ring_for(spec.tile_m, spec.bn, plan.constants["max_tile_vectors"], kt_per_split,
                                    request, spec.warps, spec.warp_k)
@@ -201,10 +201,9 @@ def finalize(spec: Spec, plan, request: Request) -> Spec:
     return T.with_stream_grid(spec, sm_count(request.arch))
 
 
-def stream_kt_bound(stats, tile_m: int, k_tiles: int, request: Request, m: int | None = None) -> int:
+def stream_kt_bound(m: int, tile_m: int, k_tiles: int, request: Request) -> int:
     """Stream-K: the most tile products a block walks whatever its residency (one block per SM, at
     least 4 each), which sizes the block's shared tile offsets before the residency is known."""
-    m = stats.shape[0] if m is None else m
     units = -(-m // tile_m) * k_tiles
     return -(-units // T.stream_grid(-(-m // tile_m), k_tiles, 1, sm_count(request.arch)))
 
