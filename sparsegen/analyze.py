@@ -111,17 +111,21 @@ class TileStats:
     mean_nnz: float
     dense_share: float
     density_hist: tuple[int, ...]
+    # mean density of the nonempty tiles in each bin (0.0 where none): a uniform pattern of density
+    # 0.1 fills bins 0 and 1 about half each, and their centres (0.05, 0.15) would spread it 3x
+    density_means: tuple[float, ...] = ()
 
     def to_dict(self) -> dict:
         return {"tile_rows": self.tile_rows, "tile_cols": self.tile_cols, "tiles": self.tiles,
                 "nonempty": self.nonempty, "max_nnz": self.max_nnz, "mean_nnz": self.mean_nnz,
-                "dense_share": self.dense_share, "density_hist": list(self.density_hist)}
+                "dense_share": self.dense_share, "density_hist": list(self.density_hist),
+                "density_means": list(self.density_means)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "TileStats":
         return cls(int(d["tile_rows"]), int(d["tile_cols"]), int(d["tiles"]), int(d["nonempty"]),
                    int(d["max_nnz"]), float(d["mean_nnz"]), float(d["dense_share"]),
-                   tuple(int(c) for c in d["density_hist"]))
+                   tuple(int(c) for c in d["density_hist"]), tuple(float(v) for v in d.get("density_means", ())))
 
 
 @dataclass(frozen=True)
@@ -383,6 +387,8 @@ def _tile_stats(csr, tile_rows: int, tile_cols: int) -> TileStats:
     dense = int(np.count_nonzero(2 * counts > area))
     bins = np.minimum(DENSITY_BINS * counts // np.maximum(area, 1), DENSITY_BINS - 1)
     hist = np.bincount(bins, minlength=DENSITY_BINS)
+    sums = np.bincount(bins, weights=counts / np.maximum(area, 1), minlength=DENSITY_BINS)
+    means = sums / np.maximum(hist, 1)  # over the nonempty tiles, before the empty ones join bin 0
     hist[0] += tiles - keys.size
     return TileStats(
         tile_rows=tile_rows,
@@ -393,6 +399,7 @@ def _tile_stats(csr, tile_rows: int, tile_cols: int) -> TileStats:
         mean_nnz=nnz / tiles if tiles else 0.0,
         dense_share=dense / tiles if tiles else 0.0,
         density_hist=tuple(int(c) for c in hist),
+        density_means=tuple(float(v) for v in means),
     )
 
 

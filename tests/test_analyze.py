@@ -99,19 +99,25 @@ def ref_tiles(a, th=128, tw=64):
             key = (i // th, j // tw)
             counts[key] = counts.get(key, 0) + 1
     hist = [0] * 10
+    sums, nonempty = [0.0] * 10, [0] * 10
     dense = 0
     for tr in range(ntr):
         for tc in range(ntc):
             area = min(th, m - tr * th) * min(tw, n - tc * tw)
             k = counts.get((tr, tc), 0)
             dens = k / area
-            hist[min(int(dens * 10 + 1e-9), 9)] += 1
+            b = min(int(dens * 10 + 1e-9), 9)
+            hist[b] += 1
+            if k:
+                sums[b] += dens
+                nonempty[b] += 1
             dense += k > area / 2
     tiles = ntr * ntc
     return dict(tile_rows=th, tile_cols=tw, tiles=tiles, nonempty=len(counts),
                 max_nnz=max(counts.values(), default=0),
                 mean_nnz=a.nnz / tiles if tiles else 0.0,
-                dense_share=dense / tiles if tiles else 0.0, density_hist=hist)
+                dense_share=dense / tiles if tiles else 0.0, density_hist=hist,
+                density_means=[s / c if c else 0.0 for s, c in zip(sums, nonempty)])
 
 
 def assert_length_stats(got: LengthStats, want: dict):
@@ -121,10 +127,18 @@ def assert_length_stats(got: LengthStats, want: dict):
     assert got.cov == approx(want["cov"])
 
 
+def bare(t: TileStats) -> TileStats:
+    """The tile stats without their per-bin means (compared apart)."""
+    import dataclasses
+
+    return dataclasses.replace(t, density_means=())
+
+
 def assert_tiles(got: TileStats, want: dict):
     d = got.to_dict()
     for k in ("tile_rows", "tile_cols", "tiles", "nonempty", "max_nnz", "density_hist"):
         assert d[k] == want[k], k
+    assert d["density_means"] == pytest.approx(want["density_means"])
     assert got.mean_nnz == approx(want["mean_nnz"])
     assert got.dense_share == approx(want["dense_share"])
 
@@ -165,7 +179,8 @@ def test_six_by_eight_every_field():
     # one slice of 6 rows, width 8
     assert s.ell_padding == approx(48 / 18)
     # one 6x8 edge tile holding 18 of 48: density .375 -> bin 3, not dense
-    assert s.tiles == TileStats(128, 64, 1, 1, 18, 18.0, 0.0, (0, 0, 0, 1, 0, 0, 0, 0, 0, 0))
+    assert s.tiles == TileStats(128, 64, 1, 1, 18, 18.0, 0.0, (0, 0, 0, 1, 0, 0, 0, 0, 0, 0),
+                                (0.0, 0.0, 0.0, 18 / 48, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))  # the 6 x 8 edge tile's own area
     assert s.structure_hash == structure_hash(a) and len(s.structure_hash) == 64
     assert s.values_hash == values_hash(a) and s.values_hash != s.structure_hash
 
@@ -190,7 +205,7 @@ def test_empty_rows_every_field():
                                   256: (4.0, 4)}
     # slices: 32 rows x 2, 32 rows x 0, 6 rows x 3 -> 82 / 5
     assert s.ell_padding == approx(82 / 5)
-    assert s.tiles == TileStats(128, 64, 1, 1, 5, 5.0, 0.0, (1,) + (0,) * 9)
+    assert bare(s.tiles) == TileStats(128, 64, 1, 1, 5, 5.0, 0.0, (1,) + (0,) * 9)
     assert s.index_bits == 16 and s.dtype == "float32"
 
 
@@ -205,7 +220,8 @@ def test_single_row_every_field():
     assert footprint_table(s) == {b: (2.0, 2) for b in (32, 64, 128, 256)}
     assert s.ell_padding == 1.0
     # 2 of 5: density .4 -> bin 4; 2 > 2.5 is false
-    assert s.tiles == TileStats(128, 64, 1, 1, 2, 2.0, 0.0, (0, 0, 0, 0, 1, 0, 0, 0, 0, 0))
+    assert s.tiles == TileStats(128, 64, 1, 1, 2, 2.0, 0.0, (0, 0, 0, 0, 1, 0, 0, 0, 0, 0),
+                                (0.0, 0.0, 0.0, 0.0, 0.4, 0.0, 0.0, 0.0, 0.0, 0.0))
     assert s.dtype == "float64" and s.index_bits == 16
 
 
@@ -218,7 +234,7 @@ def test_zero_nnz_every_field():
     assert s.row_length_percentiles == {"p50": 0.0, "p90": 0.0, "p99": 0.0}
     assert footprint_table(s) == {b: (0.0, 0) for b in (32, 64, 128, 256)}
     assert s.ell_padding == 1.0
-    assert s.tiles == TileStats(128, 64, 1, 0, 0, 0.0, 0.0, (1,) + (0,) * 9)
+    assert s.tiles == TileStats(128, 64, 1, 0, 0, 0.0, 0.0, (1,) + (0,) * 9, (0.0,) * 10)  # no nonempty tile
     assert s.index_bits == 16 and s.dtype == "float32"
     assert s.structure_hash != analyze(sp.csr_matrix((4, 3), dtype=np.float32)).structure_hash
 
@@ -256,7 +272,7 @@ def test_300_rows_footprints_short_last_block():
     # Tile col 0 holds 128, 128, 44; cols 500..799 fall in tile cols 7..12:
     # rows 0-127 -> 500..627: 12 + 64 + 52; rows 128-255 -> 628..755: 12 + 64 + 52;
     # rows 256-299 -> 756..799: 12 + 32.  11 nonempty tiles, all under 10 % dense.
-    assert s.tiles == TileStats(128, 64, 48, 11, 128, 12.5, 0.0, (48,) + (0,) * 9)
+    assert bare(s.tiles) == TileStats(128, 64, 48, 11, 128, 12.5, 0.0, (48,) + (0,) * 9)
     assert s.nnz == 600 and s.density == approx(600 / 300_000)
 
 
@@ -273,8 +289,12 @@ def test_tiles_full_tile_and_edge_tile(edge_nnz, dense_tiles, edge_bin):
     hist[0] += 2
     hist[9] += 1
     hist[edge_bin] += 1
+    means = [0.0] * 10
+    means[0] = 1 / 768  # tile (0, 1) alone: the empty tile (1, 0) is counted in bin 0, not averaged
+    means[edge_bin] = edge_nnz / 12
+    means[9] = (1.0 + (edge_nnz / 12 if edge_bin == 9 else 1.0)) / 2
     want = TileStats(128, 64, 4, 3, 8192, (8192 + 1 + edge_nnz) / 4, dense_tiles / 4, tuple(hist))
-    assert s.tiles == want
+    assert bare(s.tiles) == want and s.tiles.density_means == pytest.approx(means)
     assert s.nnz == 8193 + edge_nnz
 
 
@@ -498,7 +518,7 @@ def test_graphchallenge_layer1():
     assert set(a.data.tolist()) == {0.0625}
     # measured on this file
     assert footprint_table(s) == MEASURED_L1_FOOTPRINTS
-    assert s.tiles == MEASURED_L1_TILES
+    assert bare(s.tiles) == MEASURED_L1_TILES and s.tiles.density_means == pytest.approx((1 / 32,) + (0.0,) * 9)
     for b in an.FOOTPRINT_BLOCK_ROWS:
         assert footprints(a, b).tolist() == ref_footprints(a, b)
     assert_tiles(s.tiles, ref_tiles(a))

@@ -283,3 +283,19 @@ def test_wide_blocks_reduce_split_k_by_a_second_launch():
         assert narrow.bn == 32 and narrow.reduction == "stream"  # past one wave: stream-K (T.STREAM_BNS)
         one_wave, _ = fam.choose(uniform_stats(1024, 28672, 0.1), Request("spmm", n=32, dtype="float16", arch="sm_90"))
         assert one_wave.reduction == "atomic"  # narrow blocks within one wave keep their measured atomics
+
+
+def test_tile_densities_use_each_bins_mean_not_its_centre():
+    """A uniform 10 % pattern straddles the histogram's 0.1 edge: its tiles fill bins 0 and 1. The
+    model sees their means (about 0.1 each), not the centres 0.05 and 0.15, so a real matrix is
+    predicted like the uniform stats the rates were fitted to."""
+    stats = analyze(random_csr(2048, 2048, 0.1, seed=3))
+    hist = stats.tiles.density_hist
+    assert hist[0] > 0 and hist[1] > 0
+    dens, counts, empty = _tiled.tile_densities(stats)
+    used = dens[counts > 0]
+    assert empty == 0 and np.all(np.abs(used - 0.1) < 0.01), used
+    n16 = request(16)
+    real = skinny_cost.tiled_seconds(stats, n16, "tiled_bitmap_spmm")
+    uniform = skinny_cost.tiled_seconds(uniform_stats(2048, 2048, stats.density), n16, "tiled_bitmap_spmm")
+    assert real == pytest.approx(uniform, rel=0.02)

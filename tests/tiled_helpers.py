@@ -124,7 +124,9 @@ def uniform_stats(m, k, density, seed=1):
     tiles = -(-m // 128) * -(-k // 64)
     hist = [0] * 10
     hist[min(int(density * 10), 9)] = tiles
-    t = TileStats(128, 64, tiles, tiles, int(density * 8192 * 1.1), density * 8192, float(density > 0.5), tuple(hist))
+    means = tuple(density if count else 0.0 for count in hist)
+    t = TileStats(128, 64, tiles, tiles, int(density * 8192 * 1.1), density * 8192, float(density > 0.5), tuple(hist),
+                  means)
     mean, std = density * k, (k * density * (1 - density)) ** 0.5  # binomial row lengths
     rows = LengthStats(int(max(0, mean - 5 * std)), int(mean + 5 * std), mean, std, std / mean, 0)
     return dataclasses.replace(s, shape=(m, k), nnz=int(density * m * k), density=density, tiles=t, row_lengths=rows)

@@ -307,10 +307,14 @@ class Cost:
 
 def tile_densities(stats) -> tuple[np.ndarray, np.ndarray, int]:
     """Density and count of the nonempty tiles per histogram bin (analysis tiles are 128 x 64),
-    and the number of empty tiles."""
+    and the number of empty tiles. A bin's density is its tiles' mean (`TileStats.density_means`),
+    or its centre for stats recorded without them."""
     t = stats.tiles
     hist = np.asarray(t.density_hist, dtype=np.float64)
     centers = (np.arange(hist.size) + 0.5) / hist.size
+    if len(t.density_means) == hist.size:  # the bins' own means where the analyzer recorded them
+        means = np.asarray(t.density_means, dtype=np.float64)
+        centers = np.where(means > 0, means, centers)
     empty = t.tiles - t.nonempty
     hist[0] -= empty
     if hist.sum() > 0:  # scale centers so the mean matches the true density exactly
