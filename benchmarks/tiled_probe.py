@@ -31,8 +31,8 @@ starts) and shared by the variants; cubins compile in parallel threads (and are 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import concurrent.futures as cf
+import dataclasses
 import math
 import multiprocessing as mp
 import os
@@ -50,7 +50,7 @@ from sparsegen.api import Kernel  # noqa: E402
 from sparsegen.families import _tiled as T  # noqa: E402
 from sparsegen.families import tiled_bitmap_spmm as BM  # noqa: E402
 from sparsegen.families import tiled_csl_spmm as CSL  # noqa: E402
-from sparsegen.families.base import Request  # noqa: E402
+from sparsegen.families.base import Request, sm_count  # noqa: E402
 from sparsegen.render import Provenance, render  # noqa: E402
 
 ARCH = "sm_90"
@@ -398,7 +398,8 @@ def main() -> int:
             base = plans[(key, plan_key(fam, spec))]
             spec = fam.finalize(spec, T.with_scratch(base, spec), request)
             if PROBE_MIN_BLOCKS in options:
-                spec = T.with_stream_grid(dataclasses.replace(spec, min_blocks=options[PROBE_MIN_BLOCKS]), 132)
+                spec = T.with_stream_grid(dataclasses.replace(spec, min_blocks=options[PROBE_MIN_BLOCKS]),
+                                          sm_count(request.arch))
             plan = T.with_scratch(base, spec)
             source = render(spec, Provenance("probe", "python benchmarks/tiled_probe.py"))
             kernels[(key, n, label)] = (Kernel(spec=spec, selection=None, plan=plan, source=source, request=request,

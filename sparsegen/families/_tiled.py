@@ -156,8 +156,10 @@ class TiledSpec(KernelSpec):
 
     def base_name(self) -> str:
         out = f".o{self.out}" if self.out != self.dtype else ""
-        red = {"none": "", "atomic": "a", "two_step": "r", "cluster": "c", "stream": ""}[self.reduction]
-        work = f".stream{self.grid}" if self.reduction == "stream" else f".sk{self.split_k}{red}"
+        if self.reduction == "stream":
+            work = f".stream{self.grid}"
+        else:
+            work = f".sk{self.split_k}" + {"none": "", "atomic": "a", "two_step": "r", "cluster": "c"}[self.reduction]
         epi = epilogue_suffix(self.bias, self.relu)
         mb = f".mb{self.min_blocks}" if self.min_blocks > 1 else ""
         mb += f".w{self.warps}" if self.warps != WARPS else ""
@@ -405,9 +407,8 @@ def reduction_seconds(split: int, m: int, n: int) -> tuple[float, float]:
 def stream_reduction_seconds(spec: TiledSpec) -> float:
     """Stream-K's atomics: a block's range of tile products cuts at most two m-tiles short (more when
     its share is under an m-tile's k-tiles), each such piece reduced as a split-K partial sum."""
-    per_block = spec.m_tiles * spec.k_tiles / max(spec.grid, 1)
-    pieces = 2 * spec.grid if per_block >= spec.k_tiles else spec.grid + spec.m_tiles
-    partial = 4.0 * min(pieces * spec.tile_m, 2 * spec.grid * spec.tile_m) * spec.n
+    pieces = spec.grid + min(spec.grid, spec.m_tiles)  # m-tiles fewer than blocks: each cut where it ends
+    partial = 4.0 * pieces * spec.tile_m * spec.n
     return partial / ATOMIC_BYTES_PER_S + 8.0 * spec.m * spec.n / HBM_BYTES_PER_S
 
 
