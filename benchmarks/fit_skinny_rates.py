@@ -6,7 +6,8 @@ RESULTS: an `llm` benchmark document (llm.json: each case's forced-family times 
 `tiled_probe.py` table (tiled_probe.txt: every variant row with its spec). Every row gives a W shape,
 density, N, the spec that ran and its measured time; the model predicts that same spec's time
 (`skinny_cost.tiled_seconds` with the spec's tile height, split-K and reduction forced) for a
-uniform pattern of that density. The three rates and the fixed time (us) per family minimise the squared error of log time
+uniform pattern of that density. The three rates, the fixed time (us) and the wide-block factor per family
+minimise the squared error of log time
 (Nelder-Mead from the current rates), and the script prints the fit's median and worst error per
 family before and after. `--only-defaults` keeps the probe's default rows and the rows whose spec
 the chooser would build now (the fit should serve the specs that are selected).
@@ -45,6 +46,9 @@ def spec_options(spec: str) -> dict:
     else:
         split, red = int(m.group(5)), REDUCTION[m.group(6)]
         out = {"tile_m": tile_m, "split_k": split} | ({"reduction": red} if split > 1 else {})
+    blocks = re.search(r"\.mb(\d+)\.", spec)
+    if blocks and spec.startswith("tiled_bitmap_spmm"):  # the residency, fixed (the chooser may add a block)
+        out["blocks"] = int(blocks.group(1))
     if spec.startswith("tiled_bitmap_spmm"):  # the bitmap encoding, fixed (the chooser would pick one)
         g = GRANULE.search(spec)
         out["granule"] = int(g.group(1)) if g else 1
@@ -104,7 +108,8 @@ def case(m: int, k: int, density: float, n: int, spec: str):
 def predict(row, rates) -> float:
     fam, m, k, density, n, spec, _ = row
     stats, request = case(m, k, density, n, spec)
-    return skinny_cost.tiled_seconds(stats, request, fam.split(".")[0], skinny_cost.TileRates(*rates[:3], rates[3] * 1e-6))
+    return skinny_cost.tiled_seconds(stats, request, fam.split(".")[0],
+                                     skinny_cost.TileRates(*rates[:3], rates[3] * 1e-6, rates[4]))
 
 
 def errors(rows, rates) -> np.ndarray:
@@ -115,7 +120,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", nargs="+")
     ap.add_argument("--only-defaults", action="store_true")
+    ap.add_argument("--occupancy-h", type=float, default=None, help="try another _tiled.OCCUPANCY_H")
+    ap.add_argument("--wide-two-step-scale", type=float, default=None, help="try another _tiled.WIDE_TWO_STEP_SCALE")
     args = ap.parse_args()
+    from sparsegen.families import _tiled
+
+    if args.occupancy_h is not None:
+        _tiled.OCCUPANCY_H = args.occupancy_h
+    if args.wide_two_step_scale is not None:
+        _tiled.WIDE_TWO_STEP_SCALE = args.wide_two_step_scale
+    total = 0.0
     rows = []
     for path in args.results:
         rows += rows_from_llm(path) if path.endswith(".json") else rows_from_probe(path, args.only_defaults)
@@ -123,7 +137,7 @@ def main() -> int:
         mine = [r for r in rows if r[0] == fam]
         if not mine:
             continue
-        x0 = np.array([old.base, old.per_column, old.per_nonzero, max(old.fixed_s, 1e-6) * 1e6])
+        x0 = np.array([old.base, old.per_column, old.per_nonzero, max(old.fixed_s, 1e-6) * 1e6, old.wide])
 
         def loss(x):
             if (x < 0).any():
@@ -131,7 +145,8 @@ def main() -> int:
             pred = np.array([predict(r, x) for r in mine])
             return float(np.sum(np.log(pred / np.array([r[-1] for r in mine])) ** 2))
 
-        fit = minimize(loss, x0, method="Nelder-Mead", options={"xatol": 1e-3, "fatol": 1e-6, "maxiter": 600})
+        fit = minimize(loss, x0, method="Nelder-Mead", options={"xatol": 1e-3, "fatol": 1e-6, "maxiter": 1500})
+        total += fit.fun
         before, after = np.abs(errors(mine, x0)), np.abs(errors(mine, fit.x))
         print(f"{fam}: {len(mine)} rows; old {tuple(round(v, 3) for v in x0)} median {np.median(before):.1%} "
               f"max {before.max():.1%}; fitted {tuple(round(float(v), 3) for v in fit.x)} median "
@@ -141,6 +156,7 @@ def main() -> int:
             r = mine[i]
             print(f"   worst: {r[1]}x{r[2]} d={r[3]:.2f} N={r[4]} {r[5].split('.', 1)[1][:60]} "
                   f"measured {r[-1] * 1e6:.1f} us, error {errors([r], fit.x)[0]:+.0%}")
+    print(f"total squared log error {total:.4f}")
     return 0
 
 

@@ -190,18 +190,31 @@ def stream_variants(fam_name: str) -> list[tuple[str, dict]]:
 
 
 def blocks_variants(fam_name: str, stats, n: int) -> list[tuple[str, dict]]:
-    """`--sweep blocks`: both bitmap encodings as chosen, and with one and two more resident blocks per
-    SM asked of the register allocator (`PROBE_MIN_BLOCKS`, set on the finalized spec: the families'
-    register estimate caps residency before ptxas is asked)."""
-    if fam_name == "csl":
-        return []
+    """`--sweep blocks`: Tiled-CSL and both bitmap encodings as chosen, and with one more resident
+    block per SM (options blocks=: ptxas held to the registers it leaves, the ring and the split-K
+    chosen for that residency)."""
+    base = [("csl", {})] if fam_name == "csl" else [("bitmap", {"granule": 1}), ("bitmap.g2", {"granule": 2})]
     out = []
-    for label, options in (("bitmap", {"granule": 1}), ("bitmap.g2", {"granule": 2})):
+    for label, options in base:
         out.append((label, options))
-        base, _ = BM.choose(stats, request_for(n, options))
-        for extra in (1, 2):
-            if base.min_blocks + extra <= T.MAX_BLOCKS_PER_SM:
-                out.append((f"{label}.mb{base.min_blocks + extra}", {**options, PROBE_MIN_BLOCKS: base.min_blocks + extra}))
+        spec, _ = FAMILIES[fam_name].choose(stats, request_for(n, options))
+        if spec.min_blocks + 1 <= T.MAX_BLOCKS_PER_SM:
+            out.append((f"{label}.mb{spec.min_blocks + 1}", {**options, "blocks": spec.min_blocks + 1}))
+    return out
+
+
+def waves_grid(fam_name: str, n: int) -> list[tuple[str, dict]]:
+    """`--sweep waves` (wide blocks): the default, and each encoding with split-K 1-8 (a second
+    launch reduces) at 3 and 4 resident blocks per SM: what `T.wave_factor` and the wide reduction's
+    cost are fitted to."""
+    encodings = [("csl", {})] if fam_name == "csl" else [("bitmap", {"granule": 1}), ("bitmap.g2", {"granule": 2})]
+    out = [(label, options) for label, options in encodings]
+    for label, options in encodings:
+        for split in (1, 2, 3, 4, 6, 8):
+            for blocks in ((None,) if fam_name == "csl" else (3, 4)):
+                forced = {**options, "split_k": split, "tile_m": 128} | ({"reduction": "two_step"} if split > 1 else {})
+                forced |= {"blocks": blocks} if blocks else {}
+                out.append((f"{label}.s{split}{f'b{blocks}' if blocks else ''}", forced))
     return out
 
 
@@ -235,11 +248,7 @@ def variants(fam_name: str, stats, n: int, full: bool, sparsity: float | None = 
     return out
 
 
-PROBE_MIN_BLOCKS = "probe_min_blocks"  # a probe-only option: __launch_bounds__ minimum blocks of the final spec
-
-
 def request_for(n: int, options: dict) -> Request:
-    options = {k: v for k, v in options.items() if k != PROBE_MIN_BLOCKS}
     return Request("spmm", n=n, dtype="float16", arch=ARCH, options=tuple(sorted(options.items())))
 
 
@@ -311,7 +320,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, nargs="*", default=NS)
     ap.add_argument("--shapes", type=str, nargs="*", default=None, help="MxK, e.g. 7168x7168")
     ap.add_argument("--sweep", choices=("all", "some", "none", "split", "warpk", "wgmma", "bn", "tall", "reduction", "granule",
-                                            "stream", "blocks"),
+                                            "stream", "blocks", "waves"),
                     default="some",
                     help="forced variants for every (W, N), for N in {16, 64} (default), or none; "
                          "split: the --splits x --heights grid (atomics) for every (W, N); "
@@ -367,6 +376,8 @@ def main() -> int:
                     grid = bn_grid(fam_name, n)
                 elif args.sweep == "stream":
                     grid = stream_variants(fam_name)
+                elif args.sweep == "waves":
+                    grid = waves_grid(fam_name, n)
                 elif args.sweep == "blocks":
                     grid = blocks_variants(fam_name, stats[key], n)
                 elif args.sweep == "granule":
@@ -397,9 +408,6 @@ def main() -> int:
             request, spec, _ = initial_spec(fam, stats[key], n, options)
             base = plans[(key, plan_key(fam, spec))]
             spec = fam.finalize(spec, T.with_scratch(base, spec), request)
-            if PROBE_MIN_BLOCKS in options:
-                spec = T.with_stream_grid(dataclasses.replace(spec, min_blocks=options[PROBE_MIN_BLOCKS]),
-                                          sm_count(request.arch))
             plan = T.with_scratch(base, spec)
             source = render(spec, Provenance("probe", "python benchmarks/tiled_probe.py"))
             kernels[(key, n, label)] = (Kernel(spec=spec, selection=None, plan=plan, source=source, request=request,

@@ -101,6 +101,17 @@ def test_split_k_reductions_and_repeat_calls(family, reduction, n):
     assert kernel is None or (kernel.spec.split_k == 5 and kernel.spec.reduction == reduction)
 
 
+@pytest.mark.parametrize("granule", [1, 2])
+@pytest.mark.parametrize("n,blocks,split_k", [(64, 4, 3), (64, 4, 1), (60, 4, 2), (32, 5, 4)])
+def test_bitmap_residency_held_by_launch_bounds(granule, n, blocks, split_k):
+    """options blocks= past the register estimate (ptxas held to 128 or 96 registers): wide and
+    narrow blocks, residues in every dimension, split-K by a second launch, bias + ReLU, repeat calls."""
+    a = random_csr(2000 + 37, 64 * 23 + 9, 0.25, seed=40 + n)
+    kernel = run_check(a, n, "tiled_bitmap_spmm", bias=np.linspace(-1, 1, a.shape[0]), relu=True, calls=2,
+                       granule=granule, blocks=blocks, split_k=split_k, tile_m=128)
+    assert kernel.spec.min_blocks == blocks and kernel.spec.split_k == split_k
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("split_k", [2, 3, 7, 8])
 def test_cluster_reduction_sizes_residues_and_relu(family, split_k):

@@ -14,7 +14,9 @@ The split_k partial sums of an output tile meet in a thread block cluster's dist
 memory on sm_90 (split_k <= 8: no workspace, deterministic), else through fp32 atomics or a second
 launch. Residency (`ring_shape`) and split-K (`choose_split`) are chosen together: as many resident
 blocks per SM as registers and shared memory allow while each block's cp.async ring keeps
-IN_FLIGHT_BYTES per SM moving, and enough blocks, evenly spread, to fill them.
+IN_FLIGHT_BYTES per SM moving, and enough blocks, evenly spread, to fill them. Wide (64-column)
+bitmap blocks may take one block more than the register estimate allows (`options blocks=` asks
+for any residency): the split model (`wave_factor`) weighs the wave it saves.
 
 The cost model (per-SM cycles of one tile: the larger of its bytes over the SM's share of HBM
 bandwidth and its warp instructions over the issue rate) uses estimates for the H100 that the
@@ -62,12 +64,6 @@ MAX_BLOCKS_PER_SM = 16  # 64 warps per SM over 4-warp blocks
 # barriers and split_k x tile remote reads per block (fractions of a microsecond).
 MAX_CLUSTER = 8
 CLUSTER_S = 0.5e-6
-# Block-level scheduling, for the split-K choice: a block's fixed cost per wave (its pipeline filling
-# up once: one memory latency; the epilogue), and how much an SM loses with fewer resident blocks
-# than it takes to hide latency (the tile kernels interleave a block's copies, its decode or scatter
-# and its mma only across warps of several blocks).
-BLOCK_FIXED_S = 2.0e-6
-LATENCY_PENALTY = 0.5  # time x (1 + LATENCY_PENALTY x missing fraction of the target resident blocks)
 
 
 @dataclass(frozen=True)
@@ -269,6 +265,11 @@ def gate(stats, request: Request):
         if request.n > request_bn(request):
             return decline(f"options reduction='stream' with n={request.n} over {request_bn(request)}-column "
                            f"blocks: stream-K walks one column tile")
+    blocks = request.option("blocks")
+    if blocks is not None and not (isinstance(blocks, int) and not isinstance(blocks, bool)
+                                   and 1 <= blocks <= block_limit(32 * warps)):
+        return decline(f"options blocks={blocks!r}: expected resident blocks per SM, an integer from 1 to "
+                       f"{block_limit(32 * warps)} for {warps}-warp blocks")
     row_groups = warps // warp_k
     if request.option("tile_m") is not None and request.option("tile_m") < 16 * row_groups:
         return decline(f"options tile_m={request.option('tile_m')} with {warps} warps in {row_groups} row groups: "
@@ -368,14 +369,19 @@ def smem_budget(blocks: int) -> int:
 
 
 def ring_shape(fixed: int, per_stage: int, tile_bytes: float, regs: int, min_stages: int, max_stages: int,
-               max_blocks: int, forced_stages: int | None = None, warps: int = WARPS) -> tuple[int, int]:
+               max_blocks: int, forced_stages: int | None = None, warps: int = WARPS,
+               forced_blocks: int | None = None) -> tuple[int, int]:
     """(resident blocks per SM, ring depth) of a block with `fixed` + stages x `per_stage` bytes of
     shared memory and `regs` registers per thread, streaming `tile_bytes` per stage: the most blocks
     (at most `max_blocks`, as registers allow) whose ring keeps IN_FLIGHT_BYTES per SM moving with the
     fewest stages that fit; failing that, fewer blocks with the deepest ring that fits. Blocks have
-    `warps` warps; registers are allocated in units of 8 per thread."""
+    `warps` warps; registers are allocated in units of 8 per thread. `forced_blocks` (options blocks=,
+    or a family's measured default) replaces the register estimate: __launch_bounds__ holds ptxas to
+    the registers that many blocks leave, and only shared memory may lower it."""
     threads = 32 * warps
     reg_blocks = max(1, min(block_limit(threads), max_blocks, REGS_PER_SM // (threads * (-(-regs // 8) * 8))))
+    if forced_blocks is not None:
+        reg_blocks = max(1, min(block_limit(threads), forced_blocks))
     for blocks in range(reg_blocks, 0, -1):
         need = -(-IN_FLIGHT_BYTES // max(1, int(blocks * tile_bytes))) + 1
         stages = forced_stages or min(max_stages, max(min_stages, need))
@@ -394,6 +400,33 @@ class Split:
     split_k: int
     reduction: str
     reason: str
+    blocks: int | None = None  # resident blocks per SM chosen above the family's estimate, else None
+
+
+# The wave model, for wide blocks (N = 64). A latency-bound SM holding k blocks runs them at a
+# throughput k / (k + OCCUPANCY_H), so a last partial wave of one block costs nearly what a full one
+# does; 64-row tiles run TALL_64_WIDE x slower than 128-row ones (each warp reuses an X fragment for
+# one m16 fragment instead of two; measured, not profiled); a second reduction launch costs
+# WIDE_TWO_STEP_SCALE x its two-step estimate. Fitted on the H100 with the skinny cost model's rates
+# (skinny_cost.RATES says on what): OCCUPANCY_H and WIDE_TWO_STEP_SCALE the best of a grid (h 0.3-1.5,
+# scale 0.25-2.0; total squared log error over the 900 rows 2.34 at 1.0 / 1.0, 2.42 at 1.0 / 0.75,
+# 2.80 at 0.65 / 0.75, 13.0 at 0.3 / 2.0; 1.94 once the cost model charges TALL_64_WIDE too);
+# TALL_64_WIDE from a first fit on the 72 rows of probes/tiled_probe_blocks2.txt (six of them 64-row
+# tiles: 7168 x 28672, 127 -> 173 us with register pairs at 70 %).
+OCCUPANCY_H = 1.0
+REFERENCE_BLOCKS = 3  # the residency kernel_s is costed at (the skinny rates' kernels at N = 64)
+TALL_64_WIDE = 1.39
+WIDE_TWO_STEP_SCALE = 1.0
+
+
+def wave_factor(grid: int, sms: int, resident: int) -> float:
+    """Time of `grid` blocks with `resident` per SM, relative to the same work spread evenly at
+    REFERENCE_BLOCKS per SM: the busiest SM runs ceil(grid / sms) blocks in waves of `resident`, a
+    wave of k blocks taking (k + OCCUPANCY_H) block-times at the reference throughput."""
+    per_sm = -(-grid // sms)
+    full, rest = divmod(per_sm, resident)
+    waves = full * (resident + OCCUPANCY_H) + (rest + OCCUPANCY_H if rest else 0.0)
+    return sms / grid * REFERENCE_BLOCKS / (REFERENCE_BLOCKS + OCCUPANCY_H) * waves
 
 
 def reduction_seconds(split: int, m: int, n: int) -> tuple[float, float]:
@@ -420,13 +453,15 @@ def wide_two_step(spec: TiledSpec) -> bool:
 
 def spec_reduction_seconds(spec: TiledSpec) -> float:
     """Predicted cost of the reduction `spec` makes (0 without split-K). Wide blocks reduced by a
-    second launch are charged what the cluster is: the skinny cost model's rates were fitted to the
-    cluster kernels, and the two-step kernels measured as fast as those or faster (WIDE_REDUCTION)."""
+    second launch: WIDE_TWO_STEP_SCALE x the two-step estimate (its partial sums' writes are not
+    hidden behind the main loop)."""
     if spec.reduction == "stream":
         return stream_reduction_seconds(spec)
     if spec.split_k == 1 or spec.reduction == "none":
         return 0.0
-    if spec.reduction == "cluster" or wide_two_step(spec):
+    if wide_two_step(spec):
+        return WIDE_TWO_STEP_SCALE * reduction_seconds(spec.split_k, spec.m, spec.n)[1]
+    if spec.reduction == "cluster":
         return CLUSTER_S
     atomic, two_step = reduction_seconds(spec.split_k, spec.m, spec.n)
     return atomic if spec.reduction == "atomic" else two_step
@@ -478,13 +513,15 @@ WIDE_REDUCTION = "two_step"
 
 
 def choose_split(stats, request: Request, n: int, bn: int, resident: int, w_bytes: float, kernel_s: float,
-                 heights: tuple = (128, 64), target_blocks: int = 3, stream_bns: tuple = ()) -> Split:
+                 heights: tuple = (128, 64), stream_bns: tuple = (), residencies: tuple = ()) -> Split:
     """Tile height, split-K factor and reduction, from M, K, N, the SM count and residency.
 
     Narrow blocks (bn <= NARROW_BN, unless options force a split or reduction): the tallest tile that
     fits M, split-K so that each split walks about KT_PER_SPLIT_TARGET k-tiles (raised until the
     blocks cover every SM, when M is short), reduced by fp32 atomics (or a second launch where
-    `reduction_seconds` predicts that cheaper). Otherwise `modelled_split`. Stream-K (`stream_split`)
+    `reduction_seconds` predicts that cheaper). Otherwise `modelled_split`, which also picks the
+    residency among `residencies` (the family's estimate, and one more block where it offers one).
+    Stream-K (`stream_split`)
     where asked for, and unasked for narrow blocks of a width in `stream_bns` (the family's) whose
     split-K grid would run past one wave of `resident` blocks per SM (STREAM_BNS says why)."""
     if request_stream(request):
@@ -492,7 +529,7 @@ def choose_split(stats, request: Request, n: int, bn: int, resident: int, w_byte
     m, k = stats.shape
     forced = request.option("split_k") is not None or request.option("reduction") not in (None, "atomic")
     if bn > NARROW_BN or forced:
-        return modelled_split(stats, request, n, bn, resident, kernel_s, heights, target_blocks)
+        return modelled_split(stats, request, n, bn, resident, kernel_s, heights, residencies)
     sms = sm_count(request.arch)
     tile_m = request.option("tile_m") or next((h for h in usable_heights(heights, request)
                                      if h <= max(m, 64)), 16 * request_warps(request))
@@ -519,6 +556,12 @@ def choose_split(stats, request: Request, n: int, bn: int, resident: int, w_byte
                                                      f"than a cluster for narrow blocks)")
     return Split(tile_m, split, "two_step", why + f"; reduce through a second, deterministic launch "
                                                   f"(~{two_step_s * 1e6:.1f} us)")
+
+
+def request_blocks(request: Request) -> int | None:
+    """Resident blocks per SM asked for (options blocks=), or None: the family's estimate decides."""
+    blocks = request.option("blocks")
+    return None if blocks is None else int(blocks)
 
 
 def request_stream(request: Request) -> bool:
@@ -551,16 +594,16 @@ def with_stream_grid(spec: TiledSpec, sms: int) -> TiledSpec:
 
 
 def modelled_split(stats, request: Request, n: int, bn: int, resident: int, kernel_s: float,
-                   heights: tuple = (128, 64), target_blocks: int = 3) -> Split:
-    """Wide blocks, or a split/reduction forced by options: the split minimising
+                   heights: tuple = (128, 64), residencies: tuple = ()) -> Split:
+    """Wide blocks, or a split/reduction forced by options: the tile height, split S and residency r
+    (of `residencies`, default just `resident`) minimising
 
-      kernel_s x (busiest SM's blocks / the mean: ceil(B / SMs) / (B / SMs))
-               x (1 + LATENCY_PENALTY x the fraction of `target_blocks` resident blocks missing)
-      + BLOCK_FIXED_S per wave of `resident` blocks per SM + the reduction of S partial sums,
-    with B = m_tiles x n_tiles x S blocks, where kernel_s is the cost model's time with every SM busy
-    and 64-row tiles pay ~5 % more per byte (the split is costed with the cluster's reduction, which
-    the cost model's rates were fitted to). The reduction: for wide blocks (bn > NARROW_BN) a second,
-    deterministic launch (WIDE_REDUCTION: measured faster than the cluster and than atomics); for
+      kernel_s x `wave_factor`(B blocks, r) x (TALL_64_WIDE for 64-row tiles of wide blocks, else 1.05)
+      + the reduction of S partial sums,
+
+    with B = m_tiles x n_tiles x S and kernel_s the cost model's time with every SM busy. The
+    reduction: for wide blocks (bn > NARROW_BN) a second, deterministic launch (WIDE_REDUCTION:
+    measured faster than the cluster and than atomics), charged WIDE_TWO_STEP_SCALE x its bytes; for
     narrow blocks (here only when options force a split), through a thread block cluster's shared
     memory for S <= 8 on sm_90 (no workspace, deterministic), else fp32 atomics into a self-cleaning
     workspace (the last block of each output tile finishes) or a second launch, whichever
@@ -578,23 +621,32 @@ def modelled_split(stats, request: Request, n: int, bn: int, resident: int, kern
     forced_reduction = request.option("reduction")
     cluster = cluster_ok(request) and forced_reduction in (None, "cluster")
     splits = (min(int(forced), k_tiles),) if forced is not None else range(1, max_split + 1)
+    wide = bn > NARROW_BN and forced_reduction is None
 
-    def predicted(tile_m: int, split: int) -> float:
-        blocks = -(-m // tile_m) * n_tiles * split
-        per_sm = blocks / sms
-        balance = -(-blocks // sms) / per_sm
-        missing = max(0.0, target_blocks - min(per_sm, resident)) / target_blocks
-        waves = -(-blocks // (sms * resident))
-        t = kernel_s * (1.05 if tile_m == 64 else 1.0) * balance * (1 + LATENCY_PENALTY * missing)
-        return t + waves * BLOCK_FIXED_S + split_reduction_seconds(split, m, n, cluster)[1]
+    def reduction_s(split: int) -> float:
+        if split == 1:
+            return 0.0
+        if wide:
+            return WIDE_TWO_STEP_SCALE * reduction_seconds(split, m, n)[1]
+        return split_reduction_seconds(split, m, n, cluster)[1]
 
-    tile_m, split = min(((h, s) for h in heights for s in splits), key=lambda hs: (predicted(*hs), hs[1], -hs[0]))
+    def predicted(tile_m: int, split: int, blocks: int) -> float:
+        grid = -(-m // tile_m) * n_tiles * split
+        short = (TALL_64_WIDE if bn > NARROW_BN else 1.05) if tile_m == 64 else 1.0
+        return kernel_s * short * wave_factor(grid, sms, blocks) + reduction_s(split)
+
+    candidates = [(h, s, r) for h in heights for s in splits for r in (residencies or (resident,))]
+    tile_m, split, blocks = min(candidates, key=lambda c: (predicted(*c), c[1], -c[0], c[2]))
+    best_s = predicted(tile_m, split, blocks)
     split = max(1, -(-k_tiles // -(-k_tiles // split)))  # no empty split
-    blocks = -(-m // tile_m) * n_tiles
-    why = (f"{blocks} output tiles x split-K {split} = {blocks * split} blocks for {sms} SMs x {resident} resident"
-           f"{' (split_k as asked)' if forced is not None else ''}; predicted {predicted(tile_m, split) * 1e6:.1f} us")
+    tiles = -(-m // tile_m) * n_tiles
+    more = blocks if blocks != resident else None
+    why = (f"{tiles} output tiles x split-K {split} = {tiles * split} blocks for {sms} SMs x {blocks} resident"
+           f"{' (split_k as asked)' if forced is not None else ''}"
+           f"{f' (one more than registers would allow unasked: ptxas is held to {REGS_PER_SM // (blocks * 32 * request_warps(request))})' if more else ''}"
+           f"; predicted {best_s * 1e6:.1f} us")
     if split == 1:
-        return Split(tile_m, 1, "none", why)
+        return Split(tile_m, 1, "none", why, more)
     if forced_reduction is None and bn > NARROW_BN:
         reduction = WIDE_REDUCTION
         why += f"; {bn}-column blocks: a second launch measured faster than a cluster or atomics"
@@ -609,7 +661,7 @@ def modelled_split(stats, request: Request, n: int, bn: int, resident: int, kern
            "two_step": f"a second, deterministic reduction launch (~{two_step_s * 1e6:.1f} us)",
            "cluster": f"a {split}-block thread block cluster's shared memory (deterministic, no workspace)"}[reduction]
     why += f"; reduce through {how}"
-    return Split(tile_m, split, reduction, why)
+    return Split(tile_m, split, reduction, why, more)
 
 
 # ---- launch, operands, steps ------------------------------------------------------------------

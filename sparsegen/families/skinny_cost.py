@@ -8,8 +8,9 @@ The candidates, where their gates let them serve the request:
   its share of the achieved bandwidth and `base + per_column x bn + per_nonzero x nnz` cycles
   (`TileRates`), summed over the tile-density histogram (so clustered and uniform matrices of one
   density differ), times the column tiles (each re-reads W); spread over the SMs the spec's split-K
-  keeps busy; plus a launch and the split-K reduction (`_tiled.reduction_seconds`). The spec is the
-  one the family's `choose` would build.
+  keeps busy (wide blocks: the busiest SM's waves at the spec's residency, `_tiled.wave_factor`);
+  plus a launch and the split-K reduction (`_tiled.spec_reduction_seconds`). The spec is the one
+  the family's `choose` would build.
 - dense cuBLAS (`dense_gemm`): W, X and Y moved once at the achieved bandwidth, or tensor-core
   math past N ~ 128, whichever is slower (and never under cuBLAS's floor); plus the epilogue pass
   for bias/ReLU.
@@ -81,20 +82,26 @@ class TileRates:
     per_column: float  # per column of the block (bn): the X tile's copy, ldmatrix and mma
     per_nonzero: float  # Tiled-CSL's scatter, bitmap's value reads
     fixed_s: float = 0.0  # per launch beyond LAUNCH_S: the pipeline filling, the last wave's tail
+    wide: float = 1.0  # x the cycles of wide blocks (bn > 32): their 3-4 resident blocks hide less latency
 
 
-# Fitted by benchmarks/fit_skinny_rates.py (least squares on log time, Nelder-Mead) to the tile kernels
-# as the chooser builds them on the H100: the 96 default-spec times per variant of
-# benchmarks/results/h100-80gb-hbm3/probes/tiled_probe_granule_stream{,_more}.txt (six OPT shapes,
-# 50/70/80/90 %, N 8-64; the kernels of 36ca3d2, stream-K where a split-K grid would pass one wave:
-# Tiled-CSL at N <= 32, bitmap at 32 columns). Median error Tiled-CSL 4.9 % (at most 23.7 %), bitmap
-# 4.4 % (13.2 %), register pairs 6.2 % (17.5 %). (Before: tiled_probe_granule_{unrolled,more}.txt,
-# the split-K kernels of c8cfadd; before that llm-calibration/llm.json.)
+# Fitted by benchmarks/fit_skinny_rates.py (least squares on log time, Nelder-Mead) to H100 times of
+# the tile kernels (benchmarks/results/h100-80gb-hbm3/probes/): the 96 default-spec rows per variant
+# of tiled_probe_granule_stream{,_more}.txt (six OPT shapes, 50/70/80/90 %, N 8-64), the N = 64
+# bitmap rows of tiled_probe_blocks2.txt (3 and 4 resident blocks) and tiled_probe_waves.txt (six
+# shapes at 70/90 %, N = 64, split-K 1-8 at 3 and 4 blocks: 252 Tiled-CSL rows and 324 per bitmap
+# encoding in all), jointly with _tiled.OCCUPANCY_H and WIDE_TWO_STEP_SCALE (the best of a grid of
+# both), with a factor `wide` on the cycles of 64-column blocks (without it the N = 64 rows pulled
+# the per-column rate down and the base up, and the N = 8 predictions with them). Median error
+# Tiled-CSL 2.4 % (at most 11.5 %), bitmap 1.9 % (14.6 %), register pairs 2.5 % (15.8 %). (Before:
+# the granule rows alone, without the wave model, median 4.9/4.4/6.2 %.) Known misses: register pairs
+# at 80 %, N = 8 on 12288^2 and 21504 x 7168 ran 15-16 % slower than predicted (69.3 and 71.7 us),
+# so the model picks them where single elements or Tiled-CSL ran 11-14 % faster.
 # Keyed by `rates_key`: a family, and "tiled_bitmap_spmm.g2" for bitmap's register-pair encoding.
 RATES = {
-    "tiled_csl_spmm": TileRates(base=143.4, per_column=11.76, per_nonzero=0.246, fixed_s=4.21e-6),
-    "tiled_bitmap_spmm": TileRates(base=383.8, per_column=13.22, per_nonzero=0.042, fixed_s=7.46e-6),
-    "tiled_bitmap_spmm.g2": TileRates(base=192.6, per_column=12.85, per_nonzero=0.109, fixed_s=5.67e-6),
+    "tiled_csl_spmm": TileRates(base=208.96, per_column=8.224, per_nonzero=0.237, fixed_s=4.13e-6, wide=0.838),
+    "tiled_bitmap_spmm": TileRates(base=465.85, per_column=9.754, per_nonzero=0.040, fixed_s=5.49e-6, wide=0.936),
+    "tiled_bitmap_spmm.g2": TileRates(base=305.42, per_column=8.563, per_nonzero=0.071, fixed_s=5.30e-6, wide=0.978),
 }
 TILE_FAMILIES = ("tiled_csl_spmm", "tiled_bitmap_spmm")
 DENSE = "dense_gemm"
@@ -125,23 +132,42 @@ def tiled_seconds(stats, request: Request, family: str, rates: TileRates | None 
 
 def spec_seconds(stats, request: Request, spec, rates: TileRates | None = None) -> float:
     """Predicted time of a tile spec on this matrix (see the module docstring)."""
+    sms = sm_count(request.arch)
+    cycles = kernel_cycles(stats, spec.family, getattr(spec, "granule", 1), spec.bn, spec.n_tiles, sms, rates)
+    grid = spec.grid if spec.reduction == "stream" else spec.m_tiles * spec.n_tiles * spec.split_k
+    if spec.bn > T.NARROW_BN:  # wide blocks: the busiest SM's waves at its residency (T.wave_factor)
+        waves = T.wave_factor(grid, sms, spec.min_blocks) * (T.TALL_64_WIDE if spec.tile_m == 64 else 1.0)
+    else:  # narrow blocks: many per SM (stream-K where a split-K grid would pass a wave); idle SMs only
+        waves = 1.0 / min(1.0, grid / sms)
+    rates = rates or RATES[rates_key(spec)]
+    return max(TILED_FLOOR_S, LAUNCH_S + rates.fixed_s + cycles / (sms * T.CLOCK_HZ) * waves + T.spec_reduction_seconds(spec))
+
+
+def kernel_cycles(stats, family: str, granule: int, bn: int, n_tiles: int, sms: int,
+                  rates: TileRates | None = None) -> float:
+    """Per-SM cycles of a tile family's main loop over all of W's tiles (the larger of bytes and
+    issue per tile, summed over the tile-density histogram), every SM busy."""
     from . import tiled_bitmap_spmm, tiled_csl_spmm
 
-    rates, tiles = rates or RATES[rates_key(spec)], stats.tiles
-    if spec.family == tiled_csl_spmm.FAMILY:
+    rates, tiles = rates or RATES[family + (".g2" if granule == 2 else "")], stats.tiles
+    if family == tiled_csl_spmm.FAMILY:
         bytes_fn = tiled_csl_spmm.csl_bytes
     else:
-        bytes_fn = tiled_bitmap_spmm.bitmap_bytes(tiles.tile_rows, getattr(spec, "granule", 1))
-    sms = sm_count(request.arch)
+        bytes_fn = tiled_bitmap_spmm.bitmap_bytes(tiles.tile_rows, granule)
     dens, counts, empty = T.tile_densities(stats)
     nnz = dens * (tiles.tile_rows * tiles.tile_cols)
     bytes_per_cycle = ACHIEVED_BYTES_PER_S / (sms * T.CLOCK_HZ)
     per_tile = np.maximum(bytes_fn(nnz) / bytes_per_cycle,
-                          rates.base + rates.per_column * spec.bn + rates.per_nonzero * nnz)
-    cycles = spec.n_tiles * (float((per_tile * counts).sum()) + empty * EMPTY_TILE_CYCLES)
-    blocks = spec.grid if spec.reduction == "stream" else spec.m_tiles * spec.n_tiles * spec.split_k
-    busy = min(1.0, blocks / sms)  # fewer blocks than SMs leave SMs idle
-    return max(TILED_FLOOR_S, LAUNCH_S + rates.fixed_s + cycles / (sms * T.CLOCK_HZ * busy) + T.spec_reduction_seconds(spec))
+                          rates.base + rates.per_column * bn + rates.per_nonzero * nnz)
+    wide = rates.wide if bn > T.NARROW_BN else 1.0
+    return n_tiles * wide * (float((per_tile * counts).sum()) + empty * EMPTY_TILE_CYCLES)
+
+
+def kernel_seconds(stats, request: Request, family: str, granule: int = 1) -> float:
+    """`kernel_cycles` as wall time for the request's column blocks: what `T.choose_split` spreads
+    over its grid."""
+    sms, bn = sm_count(request.arch), T.request_bn(request)
+    return kernel_cycles(stats, family, granule, bn, -(-request.n // bn), sms) / (sms * T.CLOCK_HZ)
 
 
 def dense_seconds(m: int, k: int, n: int, epilogue: bool = False) -> float:

@@ -86,16 +86,24 @@ def registers(tile_m: int, bn: int, warps: int = T.WARPS) -> int:
     return REGS_BASE + 4 * mf * nf + 4 * mf + 2 * nf + 2 * mf + (WIDE_REGS if nf >= 4 else 0)
 
 
+def register_blocks(tile_m: int, bn: int, warps: int = T.WARPS) -> int:
+    """Resident blocks per SM the register estimate allows (before shared memory)."""
+    threads = 32 * warps
+    return T.REGS_PER_SM // (threads * (-(-registers(tile_m, bn, warps) // 8) * 8))
+
+
 def ring_for(tile_m: int, bn: int, vcap: int, request: Request, warps: int = T.WARPS,
-             granule: int = 1) -> tuple[int, int]:
+             granule: int = 1, blocks: int | None = None) -> tuple[int, int]:
     """(resident blocks, ring depth) for stages of `vcap` values: `T.ring_shape` (the most blocks
-    whose ring keeps T.IN_FLIGHT_BYTES moving; options stages= forces the depth)."""
+    whose ring keeps T.IN_FLIGHT_BYTES moving; options stages= forces the depth, blocks= (or `blocks`)
+    the residency)."""
     forced = request.option("stages")
     stage = stage_bytes(tile_m, bn, vcap, warps, granule)
     max_blocks = MAX_BLOCKS if warps == T.WARPS else MAX_BLOCKS_W8
     least = DEFAULT_MIN_STAGES if T.request_wgmma(request) else MIN_STAGES  # wgmma: a slot stays busy one tile longer
     return T.ring_shape(0, stage, stage, registers(tile_m, bn, warps), DEFAULT_MIN_STAGES, MAX_STAGES, max_blocks,
-                        None if forced is None else max(least, int(forced)), warps=warps)
+                        None if forced is None else max(least, int(forced)), warps=warps,
+                        forced_blocks=T.request_blocks(request) or blocks)
 
 
 def bitmap_bytes(tile_m: int, granule: int = 1):
@@ -145,14 +153,24 @@ def _choose(stats, request: Request) -> tuple[Spec, str]:
     sms = sm_count(request.arch)
     warps = T.request_warps(request)
     granule = request_granule(request)
-    vcap_est = -(-max(stats.tiles.max_nnz, 8) // 8) * 8  # the fullest analysed 128 x 64 tile (pairs: at most as many)
+    # the fullest analysed 128 x 64 tile; register pairs: for a uniform pattern of density d a tile's
+    # nonzeros fill (1 - d / 2) as many registers (finalize sets the plan's own)
+    fullest = stats.tiles.max_nnz * (1.0 - stats.density / 2 if granule == 2 else 1.0)
+    vcap_est = -(-max(int(round(fullest)), 8) // 8) * 8
     resident, _ = ring_for(128, bn, vcap_est, request, warps, granule)
+    residencies = (resident,)
+    if bn > T.NARROW_BN and warps == T.WARPS and T.request_blocks(request) is None and not T.request_wgmma(request):
+        # one block more than the register estimate allows, where shared memory has room: ptxas fits
+        # wide blocks in 128 registers without spilling (probes/tiled_probe_blocks2.txt); the split
+        # model weighs it against the waves it saves (T.wave_factor)
+        more, _ = ring_for(128, bn, vcap_est, request, warps, granule, blocks=resident + 1)
+        residencies += (more,) if more > resident else ()
     est = cost(stats, request, 128, bn)
-    split = T.choose_split(stats, request, n, bn, resident, est.bytes, est.seconds(sms),
-                           heights=(128, 64), target_blocks=min(resident, 4),
-                           stream_bns=T.STREAM_BNS[FAMILY])
+    split = T.choose_split(stats, request, n, bn, resident, est.bytes,
+                           skinny_cost.kernel_seconds(stats, request, FAMILY, granule),
+                           heights=(128, 64), stream_bns=T.STREAM_BNS[FAMILY], residencies=residencies)
     vcap = -(-max(vcap_est * split.tile_m // 128, 8) // 8) * 8
-    blocks, stages = ring_for(split.tile_m, bn, vcap, request, warps, granule)
+    blocks, stages = ring_for(split.tile_m, bn, vcap, request, warps, granule, blocks=split.blocks)
     spec = Spec(T.DTYPE_SHORT[request.dtype], T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
                 split.reduction, request.bias, request.relu, blocks, warps, 1, T.request_wgmma(request), stages=stages,
                 l2_prefetch=bool(request.option("l2_prefetch", False)), granule=granule)
@@ -249,7 +267,9 @@ def encode(csr, spec: Spec, bias=None):
 def finalize(spec: Spec, plan, request: Request) -> Spec:
     """Size a stage's value buffer for the fullest tile, then the ring depth and residency."""
     vcap = max(8, plan.constants["max_tile_values"])
-    blocks, stages = ring_for(spec.tile_m, spec.bn, vcap, request, spec.warps, spec.granule)
+    estimated = register_blocks(spec.tile_m, spec.bn, spec.warps)
+    blocks, stages = ring_for(spec.tile_m, spec.bn, vcap, request, spec.warps, spec.granule,
+                              blocks=spec.min_blocks if spec.min_blocks > estimated else None)
     return T.with_stream_grid(dataclasses.replace(spec, vcap=vcap, stages=stages, min_blocks=blocks), sm_count(request.arch))
 
 

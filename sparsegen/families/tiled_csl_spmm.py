@@ -89,7 +89,7 @@ def ring_for(tile_m: int, bn: int, vectors: int, kt_per_split: int, request: Req
              warps: int = T.WARPS, warp_k: int = 1) -> tuple[int, int, int]:
     """(resident blocks, ring depth, vectors per slot) for tiles of at most `vectors` uint4 of words:
     `T.ring_shape` (the most blocks whose ring keeps T.IN_FLIGHT_BYTES moving; options stages= forces
-    the depth); a slot holds the fullest tile unless even the shallowest ring of one block could not,
+    the depth, blocks= the residency); a slot holds the fullest tile unless even the shallowest ring of one block could not,
     then what fits (the rest of a fuller tile comes from global)."""
     forced = request.option("stages")
     least = WGMMA_MIN_STAGES if T.request_wgmma(request) else MIN_STAGES
@@ -97,7 +97,7 @@ def ring_for(tile_m: int, bn: int, vectors: int, kt_per_split: int, request: Req
     fixed = w_buffers_bytes(tile_m) + 4 * (kt_per_split + 1)  # W buffers, the block's tile offsets
     slot = slot_bytes(bn, vectors)
     blocks, stages = T.ring_shape(fixed, slot, slot, registers(tile_m, bn, warps, warp_k), least, MAX_STAGES,
-                                  MAX_BLOCKS, forced, warps=warps)
+                                  MAX_BLOCKS, forced, warps=warps, forced_blocks=T.request_blocks(request))
     per_slot = (T.smem_budget(blocks) - fixed) // stages // 128 * 128  # slots are whole 128-byte rows
     return blocks, stages, max(1, min(vectors, (per_slot - slot_bytes(bn, 0)) // 16))
 
@@ -125,9 +125,8 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     vectors = -(-stats.tiles.max_nnz // 4)  # the fullest analysed 128 x 64 tile, in uint4 of words
     resident, _, _ = ring_for(128, bn, vectors, k_tiles, request, warps, warp_k)
     est = cost(stats, request, 128, bn)
-    split = T.choose_split(stats, request, n, bn, resident, est.bytes, est.seconds(sm_count(request.arch)),
-                           heights=(128, 64), target_blocks=min(resident, 3),
-                           stream_bns=T.STREAM_BNS[FAMILY])
+    split = T.choose_split(stats, request, n, bn, resident, est.bytes, skinny_cost.kernel_seconds(stats, request, FAMILY),
+                           heights=(128, 64), stream_bns=T.STREAM_BNS[FAMILY])
     kt_per_split = stream_kt_bound(m, split.tile_m, k_tiles, request) if split.reduction == "stream" \
         else -(-k_tiles // split.split_k)
     blocks, stages, _ = ring_for(split.tile_m, bn, max(1, vectors * split.tile_m // 128), kt_per_split, request,
