@@ -438,7 +438,11 @@ def test_every_chosen_spec_fits_an_sm_with_the_residency_it_asks_for(m, k, densi
     spec = fam.finalize(spec, Plan("tiled_bitmap", {}, {"max_tile_values": values}), request)
     assert fam.DEFAULT_MIN_STAGES <= spec.stages <= fam.MAX_STAGES and spec.vcap == values
     assert spec.shared_bytes <= T.smem_budget(spec.min_blocks)
-    assert fam.registers(spec.tile_m, spec.bn) * T.THREADS * spec.min_blocks <= T.REGS_PER_SM
+    # the register estimate's residency; wide blocks may ask one more of ptxas (128 registers, measured
+    # without spills in probes/tiled_probe_blocks2.txt)
+    extra = 1 if spec.bn > T.NARROW_BN else 0
+    assert spec.min_blocks <= fam.register_blocks(spec.tile_m, spec.bn) + extra
+    assert fam.registers(spec.tile_m, spec.bn) * T.THREADS * (spec.min_blocks - extra) <= T.REGS_PER_SM
     if spec.reduction == "cluster":
         assert 2 <= spec.split_k <= T.MAX_CLUSTER
 

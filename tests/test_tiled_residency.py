@@ -72,3 +72,25 @@ def test_narrow_blocks_are_not_given_extra_residency():
         spec, why = BM.choose(stats, Request("spmm", n=n, dtype="float16", options=(("granule", 2),)))
         assert "one more than registers" not in why, spec.name
         assert spec.min_blocks <= BM.register_blocks(spec.tile_m, spec.bn)
+
+
+def test_partial_wave_factor_charges_a_grid_short_of_one_wave():
+    assert T.partial_wave_factor(SMS * 4, SMS, 4) == 1.0 == T.partial_wave_factor(SMS * 9, SMS, 4)
+    # 160 blocks at 4 per SM: 28 SMs run two blocks at the throughput of two
+    assert T.partial_wave_factor(160, SMS, 4) == pytest.approx((2 + T.OCCUPANCY_H) * SMS * 4 / (160 * (4 + T.OCCUPANCY_H)))
+    assert T.partial_wave_factor(160, SMS, 4) > 1.9
+
+
+def test_small_square_at_n32_stays_dense():
+    """dlmc run 21 (9eb8182, before partial_wave_factor): random/4096/0.9 at n = 32 picked Tiled-CSL,
+    5 x 32 = 160 blocks, predicted 15.1 us against cuBLAS's 16.2 and measured 21.5 against 11.4."""
+    from sparsegen.families import skinny_cost
+    from sparsegen.select import select_request
+
+    from .tiled_helpers import pinned_library
+
+    stats = uniform_stats(4096, 4096, 0.1)
+    request = Request("spmm", n=32, dtype="float16", arch="sm_90")
+    with pinned_library("torch"):
+        assert skinny_cost.compare(stats, request).get("tiled_csl_spmm").seconds > 19e-6
+        assert select_request(stats, request).spec.family == "dense_gemm"

@@ -419,6 +419,17 @@ TALL_64_WIDE = 1.39
 WIDE_TWO_STEP_SCALE = 1.0
 
 
+def partial_wave_factor(grid: int, sms: int, resident: int) -> float:
+    """A grid short of one wave of `resident` blocks per SM, relative to the same work at full
+    residency: its busiest SM runs ceil(grid / sms) blocks at the lower throughput of that many
+    (the wave model's k / (k + OCCUPANCY_H)). 1 from one full wave on (narrow blocks' rates were
+    fitted there)."""
+    if grid >= sms * resident:
+        return 1.0
+    busiest = -(-grid // sms)
+    return (busiest + OCCUPANCY_H) * sms * resident / (grid * (resident + OCCUPANCY_H))
+
+
 def wave_factor(grid: int, sms: int, resident: int) -> float:
     """Time of `grid` blocks with `resident` per SM, relative to the same work spread evenly at
     REFERENCE_BLOCKS per SM: the busiest SM runs ceil(grid / sms) blocks in waves of `resident`, a
