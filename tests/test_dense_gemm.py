@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import sparsegen
@@ -57,6 +57,7 @@ def test_float32_plan_is_w_densified_exactly():
 @given(m=st.integers(1, 150), k=st.integers(1, 150), density=st.floats(0.0, 1.0), n=st.integers(1, 70),
        dtype=st.sampled_from(["float16", "bfloat16", "float32"]),
        epilogue=st.sampled_from(["none", "bias", "relu", "bias_relu"]), seed=st.integers(0, 1000))
+@example(m=1, k=1, density=1.0, n=1, dtype="bfloat16", epilogue="bias", seed=75)  # the bias cancels W·X (CI, 9ec6b50)
 def test_emulator_matches_scipy(m, k, density, n, dtype, epilogue, seed):
     a = random_csr(m, k, density, seed=seed)
     bias = np.random.default_rng(seed).standard_normal(m) if "bias" in epilogue else None
@@ -64,7 +65,10 @@ def test_emulator_matches_scipy(m, k, density, n, dtype, epilogue, seed):
     assert y.shape == (m, n) and y.dtype == (np.float16 if dtype == "float16" else np.float32)
     w = a.astype(np.float32) if dtype == "float32" else rounded_half(a, dtype)
     ref = reference(w, x.astype(np.float32), bias, "relu" in epilogue)
-    assert rel_error(y, ref) <= TOL[dtype]
+    # Y is rounded to the 16-bit dtype before the epilogue adds the bias (cuBLAS, then a second pass:
+    # formats/dense.spmm), so where the bias cancels W·X the error is relative to the terms, not to Y
+    terms = abs(w) @ np.abs(x.astype(np.float64)) + (np.abs(bias)[:, None] if bias is not None else 0.0)
+    assert np.linalg.norm(y.astype(np.float64) - ref) <= TOL[dtype] * max(np.linalg.norm(terms), 1e-30)
     if "relu" in epilogue:
         assert (y >= 0).all()
 
