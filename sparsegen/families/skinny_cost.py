@@ -82,7 +82,7 @@ class TileRates:
     per_column: float  # per column of the block (bn): the X tile's copy, ldmatrix and mma
     per_nonzero: float  # Tiled-CSL's scatter, bitmap's value reads
     fixed_s: float = 0.0  # per launch beyond LAUNCH_S: the pipeline filling, the last wave's tail
-    wide: float = 1.0  # x the cycles of wide blocks (bn > 32): their 3-4 resident blocks hide less latency
+    wide: float = 1.0  # x the cycles of wide blocks (bn > 32): N = 64 off the line through N 8-32 (fitted)
 
 
 # Fitted by benchmarks/fit_skinny_rates.py (least squares on log time, Nelder-Mead) to H100 times of
