@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import dataclasses
 import math
 import multiprocessing as mp
 import os
@@ -50,7 +49,7 @@ from sparsegen.api import Kernel  # noqa: E402
 from sparsegen.families import _tiled as T  # noqa: E402
 from sparsegen.families import tiled_bitmap_spmm as BM  # noqa: E402
 from sparsegen.families import tiled_csl_spmm as CSL  # noqa: E402
-from sparsegen.families.base import Request, sm_count  # noqa: E402
+from sparsegen.families.base import Request  # noqa: E402
 from sparsegen.render import Provenance, render  # noqa: E402
 
 ARCH = "sm_90"
@@ -166,13 +165,16 @@ def wgmma_grid(fam_name: str) -> list[tuple[str, dict]]:
     return [(fam_name, {"wgmma": False}), (f"{fam_name}.wg", {"wgmma": True})]
 
 
+def encodings(fam_name: str) -> list[tuple[str, dict]]:
+    """(label, options) of each encoding of a family, forced: Tiled-CSL, or both bitmap granules."""
+    return [("csl", {})] if fam_name == "csl" else [("bitmap", {"granule": 1}), ("bitmap.g2", {"granule": 2})]
+
+
 def granule_grid(fam_name: str, stats, n: int, full: bool) -> list[tuple[str, dict]]:
     """`--sweep granule`: each family's default, and bitmap with a bit per mma register (options
     granule=2); with --granule-knobs, that spec's tile heights, residency and ring depth too."""
-    if fam_name == "csl":
-        return [("csl", {})]
-    out = [("bitmap", {"granule": 1}), ("bitmap.g2", {"granule": 2})]  # each encoding forced
-    if full:
+    out = encodings(fam_name)
+    if full and fam_name != "csl":
         base, _ = BM.choose(stats, Request("spmm", n=n, dtype="float16", arch=ARCH, options=(("granule", 2),)))
         for h in (64, 128, 256):
             if h != base.tile_m and T.accumulators(h, T.block_n(n)) <= T.MAX_ACCUMULATORS:
@@ -185,17 +187,15 @@ def granule_grid(fam_name: str, stats, n: int, full: bool) -> list[tuple[str, di
 def stream_variants(fam_name: str) -> list[tuple[str, dict]]:
     """`--sweep stream`: Tiled-CSL and both bitmap encodings with their split-K grid, and the same
     with stream-K (options reduction='stream': the resident blocks share all tile products)."""
-    base = [("csl", {})] if fam_name == "csl" else [("bitmap", {"granule": 1}), ("bitmap.g2", {"granule": 2})]
-    return [v for label, options in base for v in ((label, options), (f"{label}.stream", {**options, "reduction": "stream"}))]
+    return [v for label, options in encodings(fam_name) for v in ((label, options), (f"{label}.stream", {**options, "reduction": "stream"}))]
 
 
 def blocks_variants(fam_name: str, stats, n: int) -> list[tuple[str, dict]]:
     """`--sweep blocks`: Tiled-CSL and both bitmap encodings as chosen, and with one more resident
     block per SM (options blocks=: ptxas held to the registers it leaves, the ring and the split-K
     chosen for that residency)."""
-    base = [("csl", {})] if fam_name == "csl" else [("bitmap", {"granule": 1}), ("bitmap.g2", {"granule": 2})]
     out = []
-    for label, options in base:
+    for label, options in encodings(fam_name):
         out.append((label, options))
         spec, _ = FAMILIES[fam_name].choose(stats, request_for(n, options))
         if spec.min_blocks + 1 <= T.MAX_BLOCKS_PER_SM:
@@ -207,9 +207,8 @@ def waves_grid(fam_name: str, n: int) -> list[tuple[str, dict]]:
     """`--sweep waves` (wide blocks): the default, and each encoding with split-K 1-8 (a second
     launch reduces) at 3 and 4 resident blocks per SM: what `T.wave_factor` and the wide reduction's
     cost are fitted to."""
-    encodings = [("csl", {})] if fam_name == "csl" else [("bitmap", {"granule": 1}), ("bitmap.g2", {"granule": 2})]
-    out = [(label, options) for label, options in encodings]
-    for label, options in encodings:
+    out = encodings(fam_name)
+    for label, options in encodings(fam_name):
         for split in (1, 2, 3, 4, 6, 8):
             for blocks in ((None,) if fam_name == "csl" else (3, 4)):
                 forced = {**options, "split_k": split, "tile_m": 128} | ({"reduction": "two_step"} if split > 1 else {})

@@ -18,10 +18,9 @@ IN_FLIGHT_BYTES per SM moving, and enough blocks, evenly spread, to fill them. W
 bitmap blocks may take one block more than the register estimate allows (`options blocks=` asks
 for any residency): the split model (`wave_factor`) weighs the wave it saves.
 
-The cost model (per-SM cycles of one tile: the larger of its bytes over the SM's share of HBM
-bandwidth and its warp instructions over the issue rate) uses estimates for the H100 that the
-`llm` benchmark should calibrate; it picks between the two formats, the split-K factor and the
-reduction, and every choice is stated in the selection's reason.
+The skinny cost model (`skinny_cost.py`, fitted to H100 runs) prices a spec; here the split-K
+factor, tile height and residency are chosen from its kernel time (`modelled_split`,
+`wave_factor`), and every choice is stated in the selection's reason.
 """
 from __future__ import annotations
 
@@ -48,7 +47,6 @@ REDUCTIONS = ("none", "atomic", "two_step", "cluster", "stream")
 # ---- H100 estimates (calibrate with `sparsegen bench llm`) ----------------------------------
 HBM_BYTES_PER_S = 3.0e12  # measured copy bandwidth 2.96 TB/s
 CLOCK_HZ = 1.755e9
-ISSUE_PER_SM_CYCLE = 2.5  # warp instructions per SM cycle sustained (4 schedulers, ~60 %)
 LAUNCH_S = 3e-6  # a dependent second launch on the same stream
 ATOMIC_BYTES_PER_S = 1.5e12  # fp32 reductions at L2, 8-byte red.v2 per pair of outputs
 MIN_K_TILES_PER_SPLIT = 4  # a block's pipeline prologue is amortised over at least this many tiles
@@ -297,17 +295,6 @@ def gate(stats, request: Request):
 
 # ---- cost model -------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Cost:
-    """Predicted per-SM cycles and bytes of one pass over W (all tiles, one column tile)."""
-
-    cycles: float  # summed over tiles, per SM-cycle units (divide by SMs for wall time)
-    bytes: float
-
-    def seconds(self, sms: int) -> float:
-        return self.cycles / sms / CLOCK_HZ
-
-
 def tile_densities(stats) -> tuple[np.ndarray, np.ndarray, int]:
     """Density and count of the nonempty tiles per histogram bin (analysis tiles are 128 x 64),
     and the number of empty tiles. A bin's density is its tiles' mean (`TileStats.density_means`),
@@ -325,30 +312,12 @@ def tile_densities(stats) -> tuple[np.ndarray, np.ndarray, int]:
     return np.clip(centers, 0.0, 1.0), hist, empty
 
 
-def tile_cost(bytes_per_tile, issue_per_tile, sms: int) -> np.ndarray:
-    bytes_per_cycle = HBM_BYTES_PER_S / (sms * CLOCK_HZ)
-    return np.maximum(np.asarray(bytes_per_tile) / bytes_per_cycle, np.asarray(issue_per_tile) / ISSUE_PER_SM_CYCLE)
-
-
-def mma_issue(tile_m: int, bn: int) -> float:
-    """Warp instructions of the dense math of one tile: mma, ldmatrix of X fragments, loop."""
-    ksteps = TILE_K // 16
-    return (tile_m // 16) * ksteps * (bn // 8) + WARPS * ksteps * max(1, bn // 16) + 40
-
-
-def predict(stats, tile_m: int, bn: int, n_tiles: int, sms: int, bytes_fn, issue_fn, empty_bytes, empty_issue):
-    """Sum the per-tile cost over the analysed tile-density histogram (scaled to `tile_m`)."""
+def w_bytes(stats, tile_m: int, bytes_fn, empty_bytes: float) -> float:
+    """Bytes of one pass over W in a tile format: `bytes_fn(nnz)` per nonempty tile, summed over the
+    analysed tile-density histogram (scaled to `tile_m`), and `empty_bytes` per empty tile."""
     dens, counts, empty = tile_densities(stats)
-    scale = stats.tiles.tile_rows / tile_m  # number of our tiles per analysis tile
-    area = tile_m * TILE_K
-    nnz = dens * area
-    b = bytes_fn(nnz)
-    issue = (issue_fn(nnz) + mma_issue(tile_m, bn)) * n_tiles
-    cyc = tile_cost(b, issue, sms)
-    empty_cyc = float(tile_cost(empty_bytes, empty_issue, sms))
-    total_cycles = scale * (float((cyc * counts).sum()) + empty * empty_cyc)
-    total_bytes = scale * (float((b * counts).sum()) + empty * empty_bytes)
-    return Cost(total_cycles, total_bytes)
+    per_tile = bytes_fn(dens * (tile_m * TILE_K))
+    return stats.tiles.tile_rows / tile_m * (float((per_tile * counts).sum()) + empty * empty_bytes)
 
 
 # ---- split-K ----------------------------------------------------------------------------------
@@ -356,6 +325,12 @@ def predict(stats, tile_m: int, bn: int, n_tiles: int, sms: int, bytes_fn, issue
 def block_limit(threads: int) -> int:
     """Resident blocks of `threads` threads the SM's 64 warp slots allow."""
     return MAX_BLOCKS_PER_SM * THREADS // threads
+
+
+def register_blocks(regs: int, warps: int = WARPS) -> int:
+    """Resident blocks of `warps` warps whose `regs` registers per thread (allocated in units of 8)
+    fit the SM's register file."""
+    return REGS_PER_SM // (32 * warps * (-(-regs // 8) * 8))
 
 
 # Bytes in flight per SM the ring depth aims at (a ring slot's W data and X tile): an SM's share of
@@ -379,7 +354,7 @@ def ring_shape(fixed: int, per_stage: int, tile_bytes: float, regs: int, min_sta
     or a family's measured default) replaces the register estimate: __launch_bounds__ holds ptxas to
     the registers that many blocks leave, and only shared memory may lower it."""
     threads = 32 * warps
-    reg_blocks = max(1, min(block_limit(threads), max_blocks, REGS_PER_SM // (threads * (-(-regs // 8) * 8))))
+    reg_blocks = max(1, min(block_limit(threads), max_blocks, register_blocks(regs, warps)))
     if forced_blocks is not None:
         reg_blocks = max(1, min(block_limit(threads), forced_blocks))
     for blocks in range(reg_blocks, 0, -1):
@@ -456,6 +431,11 @@ def stream_reduction_seconds(spec: TiledSpec) -> float:
     return partial / ATOMIC_BYTES_PER_S + 8.0 * spec.m * spec.n / HBM_BYTES_PER_S
 
 
+def wide_two_step_seconds(split: int, m: int, n: int) -> float:
+    """What the wave model charges a second launch reducing `split` partial sums of wide blocks."""
+    return WIDE_TWO_STEP_SCALE * reduction_seconds(split, m, n)[1]
+
+
 def wide_two_step(spec: TiledSpec) -> bool:
     """Wide blocks (bn > NARROW_BN) whose split-K partial sums a second launch reduces: the
     reduction `modelled_split` takes for them."""
@@ -471,7 +451,7 @@ def spec_reduction_seconds(spec: TiledSpec) -> float:
     if spec.split_k == 1 or spec.reduction == "none":
         return 0.0
     if wide_two_step(spec):
-        return WIDE_TWO_STEP_SCALE * reduction_seconds(spec.split_k, spec.m, spec.n)[1]
+        return wide_two_step_seconds(spec.split_k, spec.m, spec.n)
     if spec.reduction == "cluster":
         return CLUSTER_S
     atomic, two_step = reduction_seconds(spec.split_k, spec.m, spec.n)
@@ -523,7 +503,7 @@ STREAM_BNS = {"tiled_csl_spmm": (8, 16, 32), "tiled_bitmap_spmm": (32,)}
 WIDE_REDUCTION = "two_step"
 
 
-def choose_split(stats, request: Request, n: int, bn: int, resident: int, w_bytes: float, kernel_s: float,
+def choose_split(stats, request: Request, n: int, bn: int, resident: int, kernel_s: float,
                  heights: tuple = (128, 64), stream_bns: tuple = (), residencies: tuple = ()) -> Split:
     """Tile height, split-K factor and reduction, from M, K, N, the SM count and residency.
 
@@ -638,7 +618,7 @@ def modelled_split(stats, request: Request, n: int, bn: int, resident: int, kern
         if split == 1:
             return 0.0
         if wide:
-            return WIDE_TWO_STEP_SCALE * reduction_seconds(split, m, n)[1]
+            return wide_two_step_seconds(split, m, n)
         return split_reduction_seconds(split, m, n, cluster)[1]
 
     def predicted(tile_m: int, split: int, blocks: int) -> float:

@@ -35,7 +35,6 @@ DEFAULT_MIN_STAGES = 3  # unless asked for (options stages=2): one tile landing 
 MAX_BLOCKS = 6
 MAX_BLOCKS_W8 = 4  # 8-warp blocks: up to 32 warps
 REGS_BASE = 56  # besides accumulators and fragments: bitmap words, fragment starts, decode temporaries
-DECODE_ISSUE = 45  # warp instructions to decode one 16x16 fragment: 8 predicated loads ~3.5 each, its start ~12
 
 
 def offset_bytes(warps: int) -> int:
@@ -88,8 +87,7 @@ def registers(tile_m: int, bn: int, warps: int = T.WARPS) -> int:
 
 def register_blocks(tile_m: int, bn: int, warps: int = T.WARPS) -> int:
     """Resident blocks per SM the register estimate allows (before shared memory)."""
-    threads = 32 * warps
-    return T.REGS_PER_SM // (threads * (-(-registers(tile_m, bn, warps) // 8) * 8))
+    return T.register_blocks(registers(tile_m, bn, warps), warps)
 
 
 def ring_for(tile_m: int, bn: int, vcap: int, request: Request, warps: int = T.WARPS,
@@ -115,15 +113,9 @@ def bitmap_bytes(tile_m: int, granule: int = 1):
     return lambda nnz: tile_m * 4.0 + 4.0 * pairs * (1.0 - (1.0 - nnz / (2.0 * pairs)) ** 2) + 8.0 + 16.0
 
 
-def bitmap_issue(tile_m: int):
-    return lambda nnz: DECODE_ISSUE * (tile_m / 4) + (tile_m * 8 + 2 * nnz) / 512 + 20
-
-
-def cost(stats, request: Request, tile_m: int, bn: int) -> T.Cost:
-    n_tiles = -(-request.n // bn)
-    return T.predict(stats, tile_m, bn, n_tiles, sm_count(request.arch), bitmap_bytes(tile_m, request_granule(request)),
-                     bitmap_issue(tile_m),
-                     16.0, 30.0)
+def encoded_bytes(stats, tile_m: int, granule: int = 1) -> float:
+    """Bytes of W as bitmap tiles of `tile_m` rows (`bitmap_bytes` over the tile-density histogram)."""
+    return T.w_bytes(stats, tile_m, bitmap_bytes(tile_m, granule), 16.0)
 
 
 def choose(stats, request: Request) -> tuple[Spec, str]:
@@ -165,9 +157,7 @@ def _choose(stats, request: Request) -> tuple[Spec, str]:
         # model weighs it against the waves it saves (T.wave_factor)
         more, _ = ring_for(128, bn, vcap_est, request, warps, granule, blocks=resident + 1)
         residencies += (more,) if more > resident else ()
-    est = cost(stats, request, 128, bn)
-    split = T.choose_split(stats, request, n, bn, resident, est.bytes,
-                           skinny_cost.kernel_seconds(stats, request, FAMILY, granule),
+    split = T.choose_split(stats, request, n, bn, resident, skinny_cost.kernel_seconds(stats, request, FAMILY, granule),
                            heights=(128, 64), stream_bns=T.STREAM_BNS[FAMILY], residencies=residencies)
     vcap = -(-max(vcap_est * split.tile_m // 128, 8) // 8) * 8
     blocks, stages = ring_for(split.tile_m, bn, vcap, request, warps, granule, blocks=split.blocks)
@@ -190,13 +180,11 @@ def request_granule(request: Request) -> int:
 
 
 def bytes_text(stats, request: Request) -> str:
-    """Bytes per element of W in each format (from `cost`, one pass over the tile histogram)."""
-    bn = T.block_n(request.n)
+    """Bytes per element of W in each format (one pass over the tile histogram, 128-row tiles)."""
     area = max(stats.shape[0] * stats.shape[1], 1)
-    b, c = cost(stats, _with_granule(request, 1), 128, bn), csl.cost(stats, request, 128, bn)
-    pairs = cost(stats, _with_granule(request, 2), 128, bn)
-    return (f"bitmap {b.bytes / area:.2f} B/element (register pairs {pairs.bytes / area:.2f}) vs Tiled-CSL "
-            f"{c.bytes / area:.2f} (bitmap decode costs issue slots per tile, CSL's scatter per nonzero)")
+    b, pairs, c = encoded_bytes(stats, 128, 1), encoded_bytes(stats, 128, 2), csl.encoded_bytes(stats, 128)
+    return (f"bitmap {b / area:.2f} B/element (register pairs {pairs / area:.2f}) vs Tiled-CSL "
+            f"{c / area:.2f} (bitmap decode costs issue slots per tile, CSL's scatter per nonzero)")
 
 
 def compare(stats, request: Request) -> tuple[float, float, str]:

@@ -106,15 +106,9 @@ def csl_bytes(nnz):
     return 4.0 * (nnz + 1.5) + 4.0  # words, average vector padding, one offset
 
 
-def csl_issue(tile_m: int):
-    # scatter ~3 instructions per word per lane, zero-fill and ldmatrix of W: tile_m / 4 each
-    return lambda nnz: 3.0 * nnz / 32 + tile_m / 2 + 20
-
-
-def cost(stats, request: Request, tile_m: int, bn: int) -> T.Cost:
-    n_tiles = -(-request.n // bn)
-    return T.predict(stats, tile_m, bn, n_tiles, sm_count(request.arch), csl_bytes, csl_issue(tile_m),
-                     4.0, tile_m / 4 + 30)
+def encoded_bytes(stats, tile_m: int) -> float:
+    """Bytes of W as Tiled-CSL tiles of `tile_m` rows (`csl_bytes` over the tile-density histogram)."""
+    return T.w_bytes(stats, tile_m, csl_bytes, 4.0)
 
 
 def choose(stats, request: Request) -> tuple[Spec, str]:
@@ -124,8 +118,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     warps, warp_k = T.request_warps(request), T.request_warp_k(request)
     vectors = -(-stats.tiles.max_nnz // 4)  # the fullest analysed 128 x 64 tile, in uint4 of words
     resident, _, _ = ring_for(128, bn, vectors, k_tiles, request, warps, warp_k)
-    est = cost(stats, request, 128, bn)
-    split = T.choose_split(stats, request, n, bn, resident, est.bytes, skinny_cost.kernel_seconds(stats, request, FAMILY),
+    split = T.choose_split(stats, request, n, bn, resident, skinny_cost.kernel_seconds(stats, request, FAMILY),
                            heights=(128, 64), stream_bns=T.STREAM_BNS[FAMILY])
     kt_per_split = stream_kt_bound(m, split.tile_m, k_tiles, request) if split.reduction == "stream" \
         else -(-k_tiles // split.split_k)
@@ -136,7 +129,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
                 strict_banks=bool(request.option("strict_banks", False)),
                 l2_prefetch=bool(request.option("l2_prefetch", False)))
     spec = T.with_stream_grid(spec, sm_count(request.arch))
-    reason = (f"density {stats.density:.2f}: Tiled-CSL {est.bytes / max(m * k, 1):.2f} B/element "
+    reason = (f"density {stats.density:.2f}: Tiled-CSL {encoded_bytes(stats, 128) / max(m * k, 1):.2f} B/element "
               f"({4 * stats.density:.2f} for values + positions); {spec.tile_m}x{T.TILE_K} tiles, {bn} columns "
               f"per block ({spec.n_tiles} column tile{'s' if spec.n_tiles > 1 else ''}), {stages}-slot cp.async ring, "
               f"{blocks} blocks per SM"
