@@ -81,7 +81,7 @@ def rows_from_probe(path: str, only_defaults: bool) -> list:
         p = line.split()
         if len(p) < 6 or not re.match(r"\d+x\d+$", p[0]) or p[3].split(".")[0] not in fams or p[4] == "ERROR":
             continue
-        if line.rstrip().endswith("MISMATCH"):
+        if line.rstrip().endswith("MISMATCH") or p[3].endswith(".base"):  # .base: the A/B's old templates
             continue
         m, k = (int(v) for v in p[0].split("x"))
         fam = fams[p[3].split(".")[0]]

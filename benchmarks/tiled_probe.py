@@ -25,6 +25,10 @@ fp32 product of the fp16 operands, regs / spill / smem / blk = registers per thr
 bytes (spills), dynamic shared memory, resident blocks per SM (from registers and shared memory).
 A variant that fails to build, launch or match prints an error row and the probe goes on.
 
+--baseline-templates DIR adds, for each variant, the same spec rendered from the templates in DIR
+(label `<variant>.base`): a template change A/B-timed against a saved copy in one run, e.g.
+`git show HEAD:templates/tiled_bitmap_spmm.cu.j2` and its includes written to DIR.
+
 Plans are encoded once per (matrix, format, tile height) in worker processes (forked before CUDA
 starts) and shared by the variants; cubins compile in parallel threads (and are cached).
 """
@@ -332,6 +336,9 @@ def main() -> int:
     ap.add_argument("--max-acc", type=int, default=None,
                     help="raise the families' cap on fp32 accumulators per thread (sparsegen's is 64)")
     ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 4))
+    ap.add_argument("--baseline-templates", default=None, metavar="DIR",
+                    help="also time each variant rendered from the templates in DIR (label <variant>.base)")
+    ap.add_argument("--families", nargs="*", choices=sorted(FAMILIES), default=sorted(FAMILIES))
     args = ap.parse_args()
     if args.max_acc is not None:
         T.MAX_ACCUMULATORS = args.max_acc  # the gate reads it at call time
@@ -360,7 +367,7 @@ def main() -> int:
     for key in _MATRICES:
         for n in args.n:
             full = args.sweep == "all" or (args.sweep == "some" and n in (16, 64))
-            for fam_name in FAMILIES:
+            for fam_name in args.families:
                 if args.sweep == "split":
                     grid = split_grid(fam_name, stats[key], n, args.splits, args.heights, args.warps)
                 elif args.sweep == "warpk":
@@ -385,6 +392,8 @@ def main() -> int:
                     grid = variants(fam_name, stats[key], n, full, key[2])
                 for label, options in grid:
                     todo.append((key, n, label, fam_name, options))
+                    if args.baseline_templates:
+                        todo.append((key, n, label + ".base", fam_name, options))
     jobs = {}
     for key, n, label, fam_name, options in todo:
         try:
@@ -408,7 +417,8 @@ def main() -> int:
             base = plans[(key, plan_key(fam, spec))]
             spec = fam.finalize(spec, T.with_scratch(base, spec), request)
             plan = T.with_scratch(base, spec)
-            source = render(spec, Provenance("probe", "python benchmarks/tiled_probe.py"))
+            root = args.baseline_templates if label.endswith(".base") else None
+            source = render(spec, Provenance("probe", "python benchmarks/tiled_probe.py"), root)
             kernels[(key, n, label)] = (Kernel(spec=spec, selection=None, plan=plan, source=source, request=request,
                                                backend="gpu", arch=ARCH, structure="probe"), base)
         except Exception as exc:

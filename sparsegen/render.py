@@ -33,10 +33,12 @@ def cuda_float(value) -> str:
     return f"{float(value)!r}f"
 
 
-@functools.lru_cache(maxsize=1)
-def environment() -> jinja2.Environment:
+@functools.lru_cache(maxsize=4)
+def environment(root: str | None = None) -> jinja2.Environment:
+    """The Jinja environment of the templates in `root` (default: the package's; another root is for
+    A/B probes of a template change against a saved copy)."""
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(template_dir())),
+        loader=jinja2.FileSystemLoader(root or str(template_dir())),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -47,9 +49,9 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def render_body(spec) -> str:
+def render_body(spec, root: str | None = None) -> str:
     """The kernel itself. Templates see the spec's fields and nothing else, never the matrix."""
-    return environment().get_template(spec.template).render(**spec.fields())
+    return environment(root).get_template(spec.template).render(**spec.fields())
 
 
 def header(spec, provenance: Provenance) -> str:
@@ -67,6 +69,6 @@ def header(spec, provenance: Provenance) -> str:
     return "\n".join(["/*" + "*" * (width + 2)] + [f" * {line}" for line in lines] + [" " + "*" * (width + 2) + "*/", ""])
 
 
-def render(spec, provenance: Provenance | None = None) -> str:
+def render(spec, provenance: Provenance | None = None, root: str | None = None) -> str:
     """Header + body. The header is comments only; the cubin cache keys on the body."""
-    return header(spec, provenance or Provenance()) + render_body(spec)
+    return header(spec, provenance or Provenance()) + render_body(spec, root)
