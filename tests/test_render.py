@@ -74,3 +74,12 @@ def test_environment_is_strict_and_trims():
     env = environment()
     assert env.undefined is jinja2.StrictUndefined
     assert env.trim_blocks and env.lstrip_blocks
+
+
+def test_another_template_root_renders_its_own_copy(tmp_path):
+    """`root` (tiled_probe --baseline-templates): the same spec from a saved copy of the templates."""
+    spec = SPECS[0]
+    (tmp_path / spec.template).write_text("// saved copy: N = {{ n }}\n")
+    assert render_body(spec, str(tmp_path)) == f"// saved copy: N = {spec.n}\n"
+    assert render_body(spec) != render_body(spec, str(tmp_path))
+    assert render(spec, None, str(tmp_path)).endswith(f"// saved copy: N = {spec.n}\n")

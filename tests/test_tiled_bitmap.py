@@ -515,3 +515,33 @@ def test_encoding_does_not_depend_on_the_bands(monkeypatch, tile_m, warps):
     assert banded.constants == whole.constants
     for name in whole.arrays:
         assert np.array_equal(banded.arrays[name], whole.arrays[name]), name
+
+
+@pytest.mark.parametrize("threads", [128, 256])
+@pytest.mark.parametrize("bn", [8, 16, 32, 64])
+def test_x_pieces_cover_the_tile_once_at_a_constant_stride(threads, bn):
+    """The templates' x_piece/load_x_pieces: thread t copies rows t / X_CHUNKS + r X_ROW_STEP of
+    chunk t % X_CHUNKS to its first piece's shared offset + r THREADS chunks; that must be each
+    piece's swizzled place (x_chunk), every piece of the 64-row tile exactly once."""
+    from .tiled_helpers import x_chunk
+
+    chunks = bn // 8
+    step = threads // chunks
+    seen = []
+    for t in range(threads):
+        row, chunk = t // chunks, t % chunks
+        if row >= 64:
+            continue  # no piece: the tile has fewer than THREADS
+        for r in range(-(-64 // step)):
+            assert x_chunk(row + r * step, chunk, bn) == x_chunk(row, chunk, bn) + r * threads
+            seen.append((row + r * step, chunk))
+    assert sorted(seen) == [(row, c) for row in range(64) for c in range(chunks)]
+
+
+@pytest.mark.parametrize("family", ["tiled_bitmap_spmm", "tiled_csl_spmm"])
+def test_x_copies_set_up_once_only_for_whole_16_byte_pieces(family):
+    a = random_csr(300, 200, 0.3, seed=5)
+    src = {n: sparsegen.compile(a, n=n, dtype="float16", backend="emulate", options={"family": family}).source
+           for n in (16, 12)}
+    assert "const XPiece xp = x_piece(x, n0);" in src[16] and "load_x_pieces(" in src[16]
+    assert "XPiece" not in src[12] and "load_x_tile(" in src[12]  # N = 12: 8-byte pieces, the general copy
