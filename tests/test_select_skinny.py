@@ -22,9 +22,10 @@ from .helpers import random_csr
 from .tiled_helpers import pinned_library, uniform_stats
 
 PROBES = REPO / "benchmarks" / "results" / "h100-80gb-hbm3" / "probes"
-# The runs the tile rates were fitted to (benchmarks/fit_skinny_rates.py): six OPT shapes, 50-90 %,
-# N 8-64, each family's default spec and bitmap in both encodings, beside cuBLAS.
-MEASURED = (PROBES / "tiled_probe_granule_stream.txt", PROBES / "tiled_probe_granule_stream_more.txt")
+# The probe rows the tile rates were fitted to (benchmarks/fit_skinny_rates.py, with the llm run's
+# forced-family rows): three OPT shapes, 70-90 %, N 8-64, each family's default spec and bitmap in
+# both encodings, beside cuBLAS (the A/B run's `.base` rows, the templates before, are left out).
+MEASURED = (PROBES / "tiled_probe_issue_ab.txt",)
 SKINNY = ("tiled_bitmap_spmm", "tiled_csl_spmm", "dense_gemm")
 VARIANTS = {"cuBLAS": "dense_gemm", "csl": "tiled_csl_spmm", "bitmap": "tiled_bitmap_spmm",
             "bitmap.g2": "tiled_bitmap_spmm.g2"}
@@ -65,7 +66,7 @@ def predicted_ms(stats, n) -> dict:
 
 def test_the_measured_run_has_the_cases_the_model_was_fitted_to():
     rows = probe_rows()
-    assert len(rows) >= 60 and {n for *_, n, _, _ in rows} == {8, 16, 32, 64}
+    assert len(rows) >= 36 and {n for *_, n, _, _ in rows} == {8, 16, 32, 64}
 
 
 def test_model_reproduces_the_measured_times(torch_binding):
@@ -85,15 +86,11 @@ def test_model_reproduces_the_measured_times(torch_binding):
 
 @pytest.mark.parametrize("row", probe_rows(), ids=lambda r: f"{r[0]}x{r[1]}-s{r[2]}-n{r[3]}")
 def test_selected_kernel_is_never_measured_below_095x_cublas_and_takes_clear_wins(row, torch_binding):
-    """The kernel the rules pick, looked up in the measured row: at 50 % sparsity at least 0.95x
-    cuBLAS (issue 6's floor), elsewhere at least 0.90x (the model's error on N = 64 spans -24 to
-    +20 %: 21504 x 7168 at 80 % picks register pairs at 0.97x); and a sparse kernel whenever one was
-    measured 1.35x faster than cuBLAS. (7168 x 28672 at N = 64, where cuBLAS runs 11 % slower than on
-    its transpose and the model cannot know it, misses a win of 1.15x at 50 %; at 80 %, N = 8 it picks
-    register pairs where Tiled-CSL (12288^2) and single elements (21504 x 7168) ran 13-16 % faster.)
-    Over the 96 rows the picks reach 1.20/1.41/1.52/1.77x cuBLAS at 50/70/80/90 %, the best of the
-    four 1.21/1.41/1.55/1.78x. These rows' N = 64 times are of the splits chosen before the wave model
-    (21504 x 7168 at 70 %: 0.90x here, its new split ran 16 % faster in probes/tiled_probe_waves.txt)."""
+    """The kernel the rules pick, looked up in the measured row: at 50 % sparsity (none in this run: the
+    llm suite checks it) at least 0.95x cuBLAS (issue 6's floor), elsewhere at least 0.90x; and a
+    sparse kernel whenever one was measured 1.35x faster than cuBLAS. Over these 36 rows the picks
+    reach 1.37/1.50/1.73x cuBLAS at 70/80/90 %, the best of the four 1.37/1.53/1.74x (the one miss
+    past 5 %: 7168^2 at 80 %, N = 8, Tiled-CSL where register pairs ran 9 % faster)."""
     m, k, sparsity, n, nnz, measured = row
     chosen = skinny_cost.rates_key(select_request(uniform_stats(m, k, nnz / (m * k)), request(n)).spec)
     floor = 0.95 if sparsity == 0.5 else 0.90
@@ -155,7 +152,7 @@ def test_reasons_state_the_predictions_and_the_cublas_binding(torch_binding):
     assert "torch.matmul" in sel.reason and "tile densities" in sel.reason and "102.8 MB" in sel.reason
     declines = dict((r, why) for r, _, why in sel.tried)
     assert declines["tiled_csl_spmm"].startswith("dense cuBLAS via torch predicted faster: dense cuBLAS via torch")
-    tiled = select_request(uniform_stats(28672, 7168, 0.07), request(32))
+    tiled = select_request(uniform_stats(28672, 7168, 0.05), request(32))
     assert tiled.reason.startswith("Tiled-CSL predicted fastest: Tiled-CSL ") and "split-K" in tiled.reason
     assert dict((r, why) for r, _, why in tiled.tried)["dense_gemm"].startswith("Tiled-CSL predicted faster")
     pairs = select_request(uniform_stats(28672, 7168, 0.1), request(8))

@@ -86,24 +86,23 @@ class TileRates:
 
 
 # Fitted by benchmarks/fit_skinny_rates.py (least squares on log time, Nelder-Mead) to H100 times of
-# the tile kernels (benchmarks/results/h100-80gb-hbm3/probes/): the 96 default-spec rows per variant
-# of tiled_probe_granule_stream{,_more}.txt (six OPT shapes, 50/70/80/90 %, N 8-64), the N = 64
-# bitmap rows of tiled_probe_blocks2.txt (3 and 4 resident blocks) and tiled_probe_waves.txt (six
-# shapes at 70/90 %, N = 64, split-K 1-8 at 3 and 4 blocks: 252 Tiled-CSL rows and 324 per bitmap
-# encoding in all), jointly with _tiled.OCCUPANCY_H and WIDE_TWO_STEP_SCALE (the best of a grid of
-# both), with a factor `wide` on the cycles of 64-column blocks (without it the N = 64 rows pulled
-# the per-column rate down and the base up, and the N = 8 predictions with them). Median error
-# Tiled-CSL 2.4 % (at most 11.5 %), bitmap 1.9 % (14.6 %), register pairs 2.5 % (15.8 %); with
-# `_tiled.partial_wave_factor` added after the fit, 2.3/1.9/2.5 % (a refit with it moves no median
-# by more than 0.2 %, so these rates, which the llm run of 9eb8182 used, stay). (Before:
-# the granule rows alone, without the wave model, median 4.9/4.4/6.2 %.) Known misses: register pairs
-# at 80 %, N = 8 on 12288^2 and 21504 x 7168 ran 15-16 % slower than predicted (69.3 and 71.7 us),
-# so the model picks them where single elements or Tiled-CSL ran 11-14 % faster.
+# the tile kernels as cc17255 builds them (the ring's copies set up once per block): the 181 OPT
+# cases' forced-family rows of that commit's llm run (probes/llm_cc17255_fit_rows.json,
+# before this fit: Tiled-CSL and bitmap as each family chose, 12 shapes, 50-90 %, N 8-64) and the 108
+# rows of probes/tiled_probe_issue_ab.txt (each encoding forced, 3 shapes, 70-90 %), with
+# _tiled.OCCUPANCY_H and WIDE_TWO_STEP_SCALE kept. Median error Tiled-CSL 3.2 % (at most 16.0 %),
+# bitmap 2.5 % (15.1 %), register pairs 3.4 % (19.4 %). (The rates before, fitted to 4df9c76's kernels
+# on the probe sweeps: 2.4/1.9/2.5 % there.) Against that run, the refit moved 27 of 192 picks,
+# mostly Tiled-CSL -> register pairs at 90 %, N = 8-32 (the old rates over-predicted pairs by ~7 %
+# there); the 27 re-measured ran 1.04x faster in geomean. Known misses: at 80 %, N = 8 single
+# elements are now taken on nine shapes where pairs were; 3 ran 2-17 % faster, 6 ran 2-8 % slower
+# (the two encodings are within the model's error there; the split-K grids' partial last waves,
+# which stream-K Tiled-CSL avoids, decide several of them).
 # Keyed by `rates_key`: a family, and "tiled_bitmap_spmm.g2" for bitmap's register-pair encoding.
 RATES = {
-    "tiled_csl_spmm": TileRates(base=208.96, per_column=8.224, per_nonzero=0.237, fixed_s=4.13e-6, wide=0.838),
-    "tiled_bitmap_spmm": TileRates(base=465.85, per_column=9.754, per_nonzero=0.040, fixed_s=5.49e-6, wide=0.936),
-    "tiled_bitmap_spmm.g2": TileRates(base=305.42, per_column=8.563, per_nonzero=0.071, fixed_s=5.30e-6, wide=0.978),
+    "tiled_csl_spmm": TileRates(base=224.373, per_column=8.143, per_nonzero=0.223, fixed_s=3.036e-6, wide=0.806),
+    "tiled_bitmap_spmm": TileRates(base=427.891, per_column=9.724, per_nonzero=0.047, fixed_s=4.419e-6, wide=0.930),
+    "tiled_bitmap_spmm.g2": TileRates(base=254.026, per_column=8.835, per_nonzero=0.089, fixed_s=4.546e-6, wide=0.936),
 }
 TILE_FAMILIES = ("tiled_csl_spmm", "tiled_bitmap_spmm")
 DENSE = "dense_gemm"
