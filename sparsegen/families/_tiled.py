@@ -139,6 +139,12 @@ class TiledSpec(KernelSpec):
         return widest_vector(self.n, 2)
 
     @property
+    def x_pieces(self) -> bool:
+        """Whether the ring copies X with addresses set up once per block (`x_piece`): whole 16-byte
+        pieces, and the mma.sync layout (wgmma's X tile is laid out for the tensor cores instead)."""
+        return self.xv == 8 and not self.wgmma
+
+    @property
     def exchange_bytes(self) -> int:
         """Shared memory the cluster reduction's exchange buffer takes (rows of BN + 8 floats)."""
         return self.tile_m * (self.bn if self.bn == 8 else self.bn + 8) * 4 if self.reduction == "cluster" else 0
@@ -167,7 +173,7 @@ class TiledSpec(KernelSpec):
         d = super().fields()
         d.update(units=self.m_tiles * self.k_tiles, m_tiles=self.m_tiles, k_tiles=self.k_tiles, n_tiles=self.n_tiles, kt_per_split=self.kt_per_split,
                  warps=self.warps, threads=self.threads, row_groups=self.row_groups, warp_rows=self.warp_rows, mf=self.mf, nf=self.nf, xv=self.xv,
-                 tile_k=TILE_K)
+                 x_pieces=self.x_pieces, tile_k=TILE_K)
         return d
 
     def to_dict(self) -> dict:
