@@ -54,3 +54,11 @@ def torch_cuda(why: str):
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA device")
     return torch
+
+
+def without_tensor_cores(monkeypatch):
+    """The fp32 cost model never picks dense_tile_spmm: for tests of the CSR families' and the SGEMM
+    fallback's own rules on layers dense enough that the tensor-core kernel would take them."""
+    from sparsegen.families import fp32_cost
+
+    monkeypatch.setattr(fp32_cost, "TENSOR_MARGIN", float("inf"))

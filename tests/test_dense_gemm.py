@@ -20,7 +20,7 @@ from sparsegen.families.base import LibraryGemm, Request, Step
 from sparsegen.formats import dense as fmt
 from sparsegen.formats.halfbits import from_bits, round_to
 
-from .helpers import random_csr, reference, rel_error
+from .helpers import random_csr, reference, rel_error, without_tensor_cores
 from .tiled_helpers import TOL, host_x, pinned_library, rounded_half
 
 
@@ -284,7 +284,8 @@ def select32(a, n, library="torch", **kw):
         return sparsegen.select(analyze(a), op="spmm", n=n, dtype="float32", **kw)
 
 
-def test_float32_selection_takes_dense_only_where_predicted_much_faster():
+def test_float32_selection_takes_dense_only_where_predicted_much_faster(monkeypatch):
+    without_tensor_cores(monkeypatch)  # SGEMM's own rule; dense_tile_spmm takes these first (test_dense_tile_spmm)
     half = random_csr(1024, 1024, 0.5, seed=20)  # 50 %, n = 256: dense predicted ~1.8x faster
     chosen = select32(half, 256)
     assert chosen.spec.family == "dense_gemm" and chosen.spec.dtype == "f32"
@@ -295,9 +296,11 @@ def test_float32_selection_takes_dense_only_where_predicted_much_faster():
     assert any(r == "dense_gemm" and not ok and "sparse kept" in why for r, ok, why in kept.tried)
 
 
-def test_float32_dense_needs_the_margin_and_a_binding():
+def test_float32_dense_needs_the_margin_and_a_binding(monkeypatch):
     from sparsegen.families import fp32_cost
 
+    assert fp32_cost.judge(analyze(random_csr(1024, 1024, 0.5, seed=20)), 256).pick == "tensor"  # 3xTF32 first
+    without_tensor_cores(monkeypatch)
     v = fp32_cost.judge(analyze(random_csr(1024, 1024, 0.5, seed=20)), 256)
     assert v.dense and v.dense_s * fp32_cost.DENSE_MARGIN < v.sparse_s
     near = fp32_cost.judge(analyze(random_csr(512, 512, 0.5, seed=22)), 256)  # dense ahead, by less than the margin

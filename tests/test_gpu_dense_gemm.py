@@ -11,9 +11,10 @@ import pytest
 
 import sparsegen
 from sparsegen import runtime
+from sparsegen.analyze import analyze
 from sparsegen.errors import ShapeError
 
-from .helpers import random_csr, reference, rel_error, torch_cuda as needs_torch
+from .helpers import random_csr, reference, rel_error, torch_cuda as needs_torch, without_tensor_cores
 from .test_gpu_tiled import fast_random
 from .tiled_helpers import TOL, host_x, pinned_library, rounded_half
 
@@ -215,9 +216,11 @@ def test_fp32_runs_without_tf32_even_when_the_caller_enabled_it():
     assert rel_error(y.cpu().numpy(), reference(a, x.cpu().numpy())) <= 1e-5
 
 
-def test_fp32_default_selection_takes_dense_at_half_sparsity_and_runs_it():
+def test_fp32_default_selection_takes_dense_at_half_sparsity_and_runs_it(monkeypatch):
     torch = torch_cuda()
     a = fast_random(2048, 2048, 0.5, seed=20)
+    assert sparsegen.select(analyze(a), op="spmm", n=256).spec.family == "dense_tile_spmm"  # 3xTF32 first
+    without_tensor_cores(monkeypatch)
     kernel = sparsegen.compile(a, n=256, backend="gpu")
     assert kernel.spec.family == "dense_gemm" and kernel.spec.dtype == "f32", kernel.selection.reason
     x = torch.randn(2048, 256, device="cuda", dtype=torch.float32)

@@ -15,7 +15,7 @@ from sparsegen.families import panel_spmm as fam
 from sparsegen.formats import panel as fmt
 from sparsegen.select import select
 
-from .helpers import TOL, random_csr, reference, rel_error, rounded
+from .helpers import TOL, random_csr, reference, rel_error, rounded, without_tensor_cores
 
 
 def spec_for(a, n, dtype="float32", **options):
@@ -86,7 +86,8 @@ def test_panel_height_follows_density_and_k_splits_when_panels_are_few():
     assert many.splits == 1
 
 
-def test_selected_by_default_only_where_measured_faster():
+def test_selected_by_default_only_where_measured_faster(monkeypatch):
+    without_tensor_cores(monkeypatch)  # these layers are dense enough for dense_tile_spmm
     def chosen(a, n):
         return select(analyze(a), op="spmm", n=n).spec.family
 

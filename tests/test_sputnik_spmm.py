@@ -16,7 +16,7 @@ from sparsegen.formats import csr as fmt
 from sparsegen.render import render
 from sparsegen.select import select
 
-from .helpers import TOL, random_csr, reference, rel_error, rounded
+from .helpers import TOL, random_csr, reference, rel_error, rounded, without_tensor_cores
 
 
 def spec_for(a, n, dtype="float32", **options):
@@ -35,7 +35,8 @@ def test_vector_and_tile_follow_n(dtype, n, vec, width):
     assert spec.sv == min(4, 32 // width) and spec.chunk == 32
 
 
-def test_many_long_rows_take_the_measured_chunk_and_batch():
+def test_many_long_rows_take_the_measured_chunk_and_batch(monkeypatch):
+    without_tensor_cores(monkeypatch)  # 20 % dense: dense_tile_spmm would take it
     a = random_csr(4096, 2048, 0.2, seed=3)  # 4096 rows of ~410 nonzeros
     assert (spec_for(a, 128).chunk, spec_for(a, 128).batch, spec_for(a, 128).ksplit) == (64, 16, 1)
     assert (spec_for(a, 256).chunk, spec_for(a, 256).batch) == (64, 16)  # 8192 warps
@@ -76,7 +77,8 @@ def test_swizzle_follows_row_length_cov():
     assert spec_for(skewed, 32).swizzle
 
 
-def test_default_selection_keeps_narrow_n_with_short_rows_on_csr_rowsplit():
+def test_default_selection_keeps_narrow_n_with_short_rows_on_csr_rowsplit(monkeypatch):
+    without_tensor_cores(monkeypatch)  # the 20 % layers would go to dense_tile_spmm
     def chosen(a, n, dtype="float32"):
         return select(analyze(a), op="spmm", n=n, dtype=dtype).spec.family
 
@@ -93,7 +95,8 @@ def test_default_selection_keeps_narrow_n_with_short_rows_on_csr_rowsplit():
     assert chosen(short_rows, 256, "float16") != "sputnik_spmm"  # float16 keeps n >= 128 with rows >= 128
 
 
-def test_name_reason_and_options():
+def test_name_reason_and_options(monkeypatch):
+    without_tensor_cores(monkeypatch)  # 20 % dense: dense_tile_spmm would take it
     a = random_csr(512, 2048, 0.2, seed=7)
     sel = select(analyze(a), op="spmm", n=128)
     assert sel.spec.family == "panel_spmm"  # 2048 columns at 20 %: measured faster there

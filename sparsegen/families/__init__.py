@@ -5,7 +5,7 @@ import dataclasses
 
 from . import csr_rowsplit, spdnn_sliced_ell
 from . import sputnik_spmm
-from . import dense_tile_sddmm, sputnik_sddmm
+from . import dense_tile_sddmm, dense_tile_spmm, sputnik_sddmm
 from . import ell_coo_spmm
 from . import tiled_bitmap_spmm, tiled_csl_spmm, dense_gemm
 from . import panel_spmm
@@ -14,7 +14,7 @@ from . import panel_spmm
 # fp16/bf16 spmm meets the skinny cost model first (skinny_cost.py): the two tensor-core tile
 # families and the dense cuBLAS fallback each accept only where predicted fastest, and all three
 # decline (float32 at once) so the CSR families after them choose as before.
-ORDER = (spdnn_sliced_ell, tiled_bitmap_spmm, tiled_csl_spmm, dense_gemm, ell_coo_spmm, panel_spmm, sputnik_spmm,
+ORDER = (spdnn_sliced_ell, tiled_bitmap_spmm, tiled_csl_spmm, dense_tile_spmm, dense_gemm, ell_coo_spmm, panel_spmm, sputnik_spmm,
          dense_tile_sddmm, sputnik_sddmm, csr_rowsplit)
 FAMILIES = {fam.FAMILY: fam for fam in ORDER}
 RULES = tuple(rule for fam in ORDER for rule in fam.RULES)

@@ -1,44 +1,63 @@
-"""The float32 cost model behind the dense fallback: the CSR kernels against cuBLAS SGEMM.
+"""The float32 cost model: the CSR kernels, cuBLAS SGEMM (dense_gemm) and 3xTF32 tensor cores (dense_tile_spmm).
 
-At 50-70 % sparsity a float32 layer multiplies faster dense: cuBLAS SGEMM (TF32 off) runs near
-45 TFLOP/s of dense work on the H100, while the CSR kernels (csr_rowsplit, sputnik_spmm, panel_spmm)
-reach 1-10 TFLOP/s of useful work, one X row fetched per nonzero. Two lines, fitted to the H100
-sweep of every DLMC matrix at n = 32, 128, 256, 1024 with each family and cuBLAS timed in the same
-process (benchmarks/results/h100-80gb-hbm3/probes/spmm_sweep_f32_families_even.json, the
-even-numbered matrices, and half the random squares of dlmc.json; least squares on log time):
+At 50-80 % sparsity a float32 layer multiplies faster dense: cuBLAS SGEMM (TF32 off) runs near
+45 TFLOP/s of dense work on the H100, dense_tile_spmm (TF32 tensor cores at fp32 accuracy) near 53,
+while the CSR kernels (csr_rowsplit, sputnik_spmm, panel_spmm) reach 1-10 TFLOP/s of useful work,
+one X row fetched per nonzero. Three lines, least squares on log time:
 
-    CSR kernels (the one selected):  11.0 us + 2 nnz n / 7.9 TFLOP/s
-    cuBLAS SGEMM of the densified W: 12.8 us + 2 m k n / 44.8 TFLOP/s
+    CSR kernels (the one selected):        7.80 us + 2 nnz n / 7.76 TFLOP/s
+    cuBLAS SGEMM of the densified W:      12.8 us  + 2 m k n / 44.8 TFLOP/s
+    dense_tile_spmm (3xTF32 tensor cores): 8.97 us + 2 m k n / 53.2 TFLOP/s
 
-Dense is taken only where predicted DENSE_MARGIN times faster: a dense pick where the sparse kernel
-was in fact faster cost up to 1.5x on the random squares at margin 1. On the held-out odd-numbered
-matrices the fallback lifts the geomean over cuSPARSE of the selected kernels from 1.64x to 1.76x
-(the best of the two, known in hindsight: 1.85x), and no case runs slower than the sparse kernel
-selected before it (probes/README.md, "fp32 dense fallback").
+The CSR line is fitted to the 272 dlmc.json float32 SpMM cases that ran a CSR kernel (median error
+13.5 %; the line it replaces, 11.0 us + 2 nnz n / 7.9 TFLOP/s from the family sweep of
+probes/spmm_sweep_f32_families_even.json, had 25 % and over-predicted small layers), the SGEMM line
+to that sweep, the tensor-core line to the kernel's own probe over the ten DLMC and random-square
+shapes at n = 32-1024 (probes/dense_tile_spmm_probe.txt and dense_tile_spmm_probe_n32.txt; median
+error 3.2 %; 0.91-1.46x cuBLAS SGEMM in the same runs).
+
+The tensor cores are taken where predicted TENSOR_MARGIN times faster than both other lines: never
+below 14.6 % density (7.76 / 53.2, the slopes' ratio; its intercept is the higher too). Over the
+344 float32 SpMM cases of dlmc.json, with the measured times of the kernel each rule picks, margin
+1.1 gives 2.30x cuSPARSE against 2.13x before the family (1.0: 2.30x, 1.2: 2.28x; the faster of
+the two per case, known in hindsight: 2.33x): 140 cases move, 13 of them run slower.
+SGEMM is taken where predicted DENSE_MARGIN times faster than the CSR kernels and the tensor-core
+line is not taken (with both lines as fitted it is always ahead of SGEMM, so SGEMM serves only what
+dense_tile_spmm declines, or when forced).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-SPARSE_LAUNCH_S = 11.0e-6
-SPARSE_FLOPS = 7.9e12  # useful (2 nnz n) flops per second of the CSR kernels
+SPARSE_LAUNCH_S = 7.80e-6
+SPARSE_FLOPS = 7.76e12  # useful (2 nnz n) flops per second of the CSR kernels
 DENSE_LAUNCH_S = 12.8e-6
 DENSE_FLOPS = 44.8e12  # dense (2 m k n) flops per second of cuBLAS SGEMM, TF32 off
 DENSE_MARGIN = 1.25  # dense must be predicted this many times faster
+TENSOR_LAUNCH_S = 8.97e-6  # dense_tile_spmm: 3xTF32 tensor cores on the densified W
+TENSOR_FLOPS = 53.2e12  # dense (2 m k n) flops per second
+TENSOR_MARGIN = 1.1  # the tensor-core kernel must be predicted this many times faster than the others
 EPILOGUE_S = 4.0e-6  # the dense path's bias/ReLU pass: one more launch ...
 EPILOGUE_BYTES_PER_S = 2.5e12  # ... reading and writing Y
 
 
 @dataclass(frozen=True)
 class Fp32Verdict:
-    dense: bool  # the fallback should serve this request
+    pick: str  # "sparse" (the CSR kernels), "sgemm" (dense_gemm) or "tensor" (dense_tile_spmm)
     sparse_s: float
     dense_s: float
+    tensor_s: float
+
+    @property
+    def dense(self) -> bool:
+        """cuBLAS SGEMM (the dense_gemm fallback) should serve this request."""
+        return self.pick == "sgemm"
 
     @property
     def text(self) -> str:
-        return (f"CSR kernels {self.sparse_s * 1e3:.3g} ms, dense cuBLAS SGEMM {self.dense_s * 1e3:.3g} ms predicted "
-                f"(dense taken when {DENSE_MARGIN:g}x faster)")
+        return (f"CSR kernels {self.sparse_s * 1e3:.3g} ms, dense cuBLAS SGEMM {self.dense_s * 1e3:.3g} ms, "
+                f"3xTF32 tensor cores {self.tensor_s * 1e3:.3g} ms predicted (SGEMM taken when {DENSE_MARGIN:g}x "
+                f"faster than the CSR kernels, tensor cores when {TENSOR_MARGIN:g}x faster than both)")
 
 
 def sparse_seconds(nnz: int, n: int) -> float:
@@ -51,7 +70,18 @@ def dense_seconds(m: int, k: int, n: int, epilogue: bool = False) -> float:
     return seconds + (EPILOGUE_S + 8.0 * m * n / EPILOGUE_BYTES_PER_S if epilogue else 0.0)
 
 
+def tensor_seconds(m: int, k: int, n: int) -> float:
+    """dense_tile_spmm (its epilogue is fused)."""
+    return TENSOR_LAUNCH_S + 2.0 * m * k * n / TENSOR_FLOPS
+
+
 def judge(stats, n: int, epilogue: bool = False) -> Fp32Verdict:
     (m, k), nnz = stats.shape, stats.nnz
-    sparse, dense = sparse_seconds(nnz, n), dense_seconds(m, k, n, epilogue)
-    return Fp32Verdict(dense * DENSE_MARGIN < sparse, sparse, dense)
+    sparse, dense, tensor = sparse_seconds(nnz, n), dense_seconds(m, k, n, epilogue), tensor_seconds(m, k, n)
+    if tensor * TENSOR_MARGIN < min(sparse, dense):
+        pick = "tensor"
+    elif dense * DENSE_MARGIN < sparse:
+        pick = "sgemm"
+    else:
+        pick = "sparse"
+    return Fp32Verdict(pick, sparse, dense, tensor)

@@ -1,0 +1,251 @@
+"""`dense_tile_spmm`: float32 SpMM by dense tiles of W on TF32 tensor cores, at float32 accuracy.
+
+Y = W·X (+ bias per row, ReLU) with W (M × K) densified and X (K × N), Y (M × N) row-major float32.
+A 50-90 % sparse float32 layer has too many stored entries for the CSR kernels, which fetch an X row
+per entry and are bound by L2 (1-10 TFLOP/s of useful work on the H100), and cuBLAS SGEMM with TF32
+off computes the zeros on CUDA cores (about 45 TFLOP/s of dense work). The tensor cores compute the
+zeros too, but several times faster: this kernel splits each operand into a TF32 high part and a TF32
+remainder and sums three mma per product in fp32 (3xTF32, as `dense_tile_sddmm`), about 22
+significant bits per product, the accuracy of an fp32 dot product.
+
+A block owns a `tile_m` × `tile_n` tile of Y, a warp 32 × 32 of it; K is walked in slices of
+`slice_k`, `stages` in flight (cp.async, zero-filled past the matrix). Where the tiles alone would
+leave SMs idle, K is split among `split_k` blocks per tile: their sums meet in an fp32 workspace (L2
+atomics) and the last block of a tile, counted in at a per-tile counter, writes Y and leaves the
+workspace and counter zeroed, all in one launch. The epilogue (bias, ReLU) is fused.
+Selected by the fp32 cost model (`fp32_cost.py`) where it predicts this kernel ahead of both the CSR
+kernels and cuBLAS SGEMM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..formats import dense as FORMAT  # noqa: N812 - the family's format module
+from . import fp32_cost
+from .base import (Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, epilogue_suffix, sm_count,
+                   widest_vector)
+
+FAMILY = "dense_tile_spmm"
+KERNEL = "dense_tile_spmm"
+WARP_TILE = 32  # a warp computes 32 x 32 of the tile
+TILE_MS = (64, 128)  # rows of a block's tile
+TILE_NS = (32, 64, 128)  # columns: 32 for n <= 32, where a 64-column tile would compute as many zero columns
+SLICE_K = 32  # elements of K per pipeline step
+STAGES = 3  # slices in flight
+# Resident blocks per SM asked of the register allocator, by threads per block: 4 blocks of 128
+# threads cap a thread at 128 registers and spill; 3 ran 2-10 % faster in the first H100 probe.
+MIN_BLOCKS = {64: 5, 128: 3, 256: 2, 512: 1}
+SHARED_PER_SM = 227 * 1024  # bytes of shared memory a block may use on an sm_90 SM
+# K splits fill one wave of resident blocks, each split walking at least MIN_SLICES_PER_SPLIT slices;
+# once the tiles alone give more than half the SMs a block, at least FULL_GRID_SLICES_PER_SPLIT. In the H100 probe
+# (probes/dense_tile_spmm_probe.txt) 128 tiles with K = 512 ran 1.2x faster unsplit than in 3 splits of
+# 5-6 slices, while K = 2048-8192 (22-85 slices a split) still gained 1.04-1.11x from splitting.
+MIN_SLICES_PER_SPLIT = 4
+FULL_GRID_SLICES_PER_SPLIT = 16
+OPTIONS = ("tile_m", "tile_n", "split_k", "stages", "min_blocks")
+MAX_DENSE_BYTES = 8 << 30  # densified W past this is refused (the plan holds it on host and GPU)
+
+
+@dataclass(frozen=True)
+class Spec(KernelSpec):
+    family: ClassVar[str] = FAMILY
+    dtype: str  # "f32"
+    m: int
+    k: int
+    n: int
+    tile_m: int  # rows of a block's output tile
+    tile_n: int  # columns of a block's output tile
+    slice_k: int  # elements of K staged per pipeline step
+    stages: int  # slices in flight
+    split_k: int  # blocks sharing one tile's K range
+    min_blocks: int  # __launch_bounds__ minimum resident blocks per SM
+    w_vec: int  # floats per cp.async copy of W
+    x_vec: int  # floats per cp.async copy of X
+    bias: bool = False
+    relu: bool = False
+
+    @property
+    def name(self) -> str:
+        return (f"{FAMILY}.{self.dtype}.m{self.m}k{self.k}n{self.n}.t{self.tile_m}x{self.tile_n}.s{self.slice_k}"
+                f"x{self.stages}.sk{self.split_k}.mb{self.min_blocks}{epilogue_suffix(self.bias, self.relu)}")
+
+    @property
+    def threads(self) -> int:
+        return threads_for(self.tile_m, self.tile_n)
+
+    @property
+    def slices(self) -> int:
+        return -(-self.k // self.slice_k)
+
+    @property
+    def slices_per_split(self) -> int:
+        return -(-self.slices // self.split_k)
+
+    @property
+    def tiles(self) -> int:
+        return -(-self.m // self.tile_m) * -(-self.n // self.tile_n)
+
+    @property
+    def shared_bytes(self) -> int:
+        return shared_bytes(self.tile_m, self.tile_n, self.slice_k, self.stages)
+
+    def fields(self) -> dict:
+        d = super().fields()
+        d.update(threads=self.threads, slices=self.slices, slices_per_split=self.slices_per_split, tiles=self.tiles)
+        return d
+
+    def to_dict(self) -> dict:
+        return {"family": self.family, "name": self.name, **KernelSpec.fields(self)}
+
+
+def threads_for(tile_m: int, tile_n: int) -> int:
+    return 32 * (tile_m // WARP_TILE) * (tile_n // WARP_TILE)
+
+
+def shared_bytes(tile_m: int, tile_n: int, slice_k: int, stages: int) -> int:
+    """`stages` stages of W's tile_m rows (slice_k + 4 floats apart) and X's slice_k rows (tile_n + 8)."""
+    return 4 * stages * (tile_m * (slice_k + 4) + slice_k * (tile_n + 8))
+
+
+def resident_blocks(tile_m: int, tile_n: int, slice_k: int, stages: int, min_blocks: int) -> int:
+    """Blocks an SM holds: the register request (min_blocks) and shared memory, whichever binds."""
+    return max(1, min(min_blocks, SHARED_PER_SM // shared_bytes(tile_m, tile_n, slice_k, stages)))
+
+
+def choose_split(m: int, n: int, tile_m: int, tile_n: int, slices: int, wave: int, sms: int) -> int:
+    """Split K until the tiles fill one wave of resident blocks, keeping enough slices per split
+    (MIN_SLICES_PER_SPLIT; FULL_GRID_SLICES_PER_SPLIT once the tiles alone cover half the SMs)."""
+    tiles = -(-m // tile_m) * -(-n // tile_n)
+    if tiles >= wave:
+        return 1
+    least = MIN_SLICES_PER_SPLIT if 2 * tiles <= sms else FULL_GRID_SLICES_PER_SPLIT
+    return max(1, min(wave // tiles, slices // least))
+
+
+def choose(stats, request: Request) -> tuple[Spec, str]:
+    """64 x 64 tiles (four warps; 64 x 32 for n <= 32); 128 rows where the tiles still fill two waves; K
+    split to fill one."""
+    m, k = stats.shape
+    n = request.n
+    sms = sm_count(request.arch)
+    slice_k, stages = SLICE_K, int(request.option("stages") or STAGES)
+    tile_n = int(request.option("tile_n") or (32 if n <= 32 else 64))
+    tile_m = request.option("tile_m")
+    if tile_m is None:
+        tall_tiles = -(-m // 128) * -(-n // tile_n)
+        tall = MIN_BLOCKS[threads_for(128, tile_n)]
+        tile_m = 128 if tall_tiles >= 2 * sms * resident_blocks(128, tile_n, slice_k, stages, tall) else 64
+    tile_m = int(tile_m)
+    threads = threads_for(tile_m, tile_n)
+    min_blocks = int(request.option("min_blocks") or MIN_BLOCKS[threads])
+    wave = sms * resident_blocks(tile_m, tile_n, slice_k, stages, min_blocks)
+    slices = -(-k // slice_k)
+    split = int(request.option("split_k") or choose_split(m, n, tile_m, tile_n, slices, wave, sms))
+    split = max(1, min(split, slices))
+    split = -(-slices // -(-slices // split))  # no split left without a slice
+    spec = Spec("f32", m, k, n, tile_m, tile_n, slice_k, stages, split, min_blocks,
+                widest_vector(k, 4), widest_vector(n, 4), request.bias, request.relu)
+    blocks = spec.tiles * split
+    reason = (f"{tile_m}x{tile_n} tiles of Y on 3xTF32 tensor cores (W densified, "
+              f"{4 * m * k / 1e6:.1f} MB), K in slices of {slice_k}, {stages} in flight")
+    if split > 1:
+        reason += (f"; K split {split} ways ({spec.tiles} tiles alone for {sms} SMs): {blocks} blocks, "
+                   f"sums meet in an fp32 workspace")
+    if request.bias or request.relu:
+        reason += "; " + " + ".join(w for w, on in (("bias", request.bias), ("ReLU", request.relu)) if on) + " fused"
+    return spec, reason
+
+
+def _check_options(request: Request) -> str | None:
+    tile_m, tile_n, split_k, stages, min_blocks = (request.option(o) for o in OPTIONS)
+    for name, value, allowed in (("tile_m", tile_m, TILE_MS), ("tile_n", tile_n, TILE_NS)):
+        if value is not None and value not in allowed:
+            return f"option {name}={value}: expected one of {', '.join(map(str, allowed))}"
+    if split_k is not None and (not isinstance(split_k, int) or split_k < 1):
+        return f"option split_k={split_k!r}: expected a positive integer"
+    if stages is not None and stages not in (2, 3, 4):
+        return f"option stages={stages}: expected 2, 3 or 4"
+    if min_blocks is not None and min_blocks not in (1, 2, 3, 4, 8):
+        return f"option min_blocks={min_blocks}: expected 1, 2, 3, 4 or 8 (resident blocks per SM asked of nvcc)"
+    return None
+
+
+def _rule(stats, request: Request):
+    if request.op != "spmm":
+        return decline(f"op {request.op!r} is not spmm")
+    if request.dtype != "float32":
+        return decline(f"dtype {request.dtype}: float32 only (fp16 and bf16 have the tiled tensor-core families)")
+    if request.option("out") not in (None, "float32"):
+        return decline(f"options out={request.option('out')!r}: Y is float32")
+    m, k = stats.shape
+    if m == 0 or k == 0 or not request.n:
+        return decline(f"empty shape {m}x{k}, n={request.n}")
+    if 4 * m * k > MAX_DENSE_BYTES:
+        return decline(f"densified W would take {4 * m * k / 2**30:.0f} GiB (> {MAX_DENSE_BYTES >> 30} GiB)")
+    if max(m * k, k * request.n, m * request.n) >= 2**31:
+        return decline("an operand past 2^31 elements needs 64-bit offsets")
+    bad = _check_options(request)
+    if bad:
+        return decline(bad)
+    spec, reason = choose(stats, request)
+    if request.option("family") == FAMILY:
+        return accept(spec, f"dense tiles as asked: {reason}")
+    verdict = fp32_cost.judge(stats, request.n, request.bias or request.relu)
+    if verdict.pick != "tensor":
+        return decline(f"{verdict.pick} predicted faster: {verdict.text}")
+    return accept(spec, f"tensor cores predicted fastest: {verdict.text}; {reason}")
+
+
+RULES = (Rule("dense_tile_spmm", FAMILY, _rule),)
+
+
+def encoding(spec: Spec) -> tuple:
+    """The spec fields the encoding reads: the dense float32 W serves every n and tile."""
+    return ("float32",)
+
+
+def encode_format(csr, spec: Spec, bias=None):
+    return FORMAT.encode(csr, "float32", bias)
+
+
+def specialize(plan, spec: Spec):
+    """The split-K workspace (M x N floats) and tile counters, allocated zeroed once by the runtime."""
+    from ..formats import Plan
+
+    ws = spec.m * spec.n if spec.split_k > 1 else 0
+    counters = spec.tiles if spec.split_k > 1 else 0
+    return Plan(plan.format, plan.arrays, {**plan.constants, "workspace_bytes": 4 * ws, "counters_bytes": 4 * counters})
+
+
+def encode(csr, spec: Spec, bias=None):
+    return specialize(encode_format(csr, spec, bias), spec)
+
+
+def arguments(spec: Spec) -> tuple[Arg, ...]:
+    args = [Arg("w", "plan"), Arg("x", "input")]
+    if spec.bias:
+        args.append(Arg("bias", "plan"))
+    args.append(Arg("y", "output"))
+    if spec.split_k > 1:
+        args += [Arg("workspace", "scratch"), Arg("counters", "scratch")]
+    return tuple(args)
+
+
+def launch(spec: Spec, plan) -> Launch:
+    grid = (-(-spec.n // spec.tile_n), -(-spec.m // spec.tile_m), spec.split_k)
+    return Launch(grid, (spec.threads, 1, 1), spec.shared_bytes)
+
+
+def operands(spec: Spec, plan) -> tuple:
+    return (Operand("x", (spec.k, spec.n), "float32"),), Operand("y", (spec.m, spec.n), "float32")
+
+
+def alignment(spec: Spec) -> int:
+    """X is copied x_vec floats at a time; Y written in float2 pairs when N is even."""
+    return max(4 * spec.x_vec, 8 if spec.n % 2 == 0 else 4)
+
+
+def emulate(spec: Spec, plan, inputs: dict):
+    """W·X in float64 rounded to float32 (3xTF32 carries about fp32's precision), then bias, ReLU."""
+    return FORMAT.spmm(plan, inputs["x"], bias=spec.bias, relu=spec.relu)
