@@ -22,8 +22,8 @@ below 14.6 % density (7.76 / 53.2, the slopes' ratio; its intercept is the highe
 1.1 gives 2.30x cuSPARSE against 2.13x before the family (1.0: 2.30x, 1.2: 2.28x; the faster of
 the two per case, known in hindsight: 2.33x): 140 cases move, 13 of them run slower.
 SGEMM is taken where predicted DENSE_MARGIN times faster than the CSR kernels and the tensor-core
-line is not taken (with both lines as fitted it is always ahead of SGEMM, so SGEMM serves only what
-dense_tile_spmm declines, or when forced).
+line is not taken; with the lines as fitted the tensor cores are always ahead of SGEMM, so the
+float32 dense_gemm path runs only when forced (or with TENSOR_MARGIN raised).
 """
 from __future__ import annotations
 
