@@ -48,6 +48,7 @@ MIN_SLICES_PER_SPLIT = 4
 FULL_GRID_SLICES_PER_SPLIT = 16
 OPTIONS = ("tile_m", "tile_n", "split_k", "stages", "min_blocks")
 MAX_DENSE_BYTES = 8 << 30  # densified W past this is refused (the plan holds it on host and GPU)
+MAX_GRID_YZ = 65535  # CUDA's limit on a grid's y (row tiles) and z (K splits) dimensions
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     wave = sms * resident_blocks(tile_m, tile_n, slice_k, stages, min_blocks)
     slices = -(-k // slice_k)
     split = int(request.option("split_k") or choose_split(m, n, tile_m, tile_n, slices, wave, sms))
-    split = max(1, min(split, slices))
+    split = max(1, min(split, slices, MAX_GRID_YZ))
     split = -(-slices // -(-slices // split))  # no split left without a slice
     spec = Spec("f32", m, k, n, tile_m, tile_n, slice_k, stages, split, min_blocks,
                 widest_vector(k, 4), widest_vector(n, 4), request.bias, request.relu)
@@ -192,6 +193,8 @@ def _rule(stats, request: Request):
     if bad:
         return decline(bad)
     spec, reason = choose(stats, request)
+    if -(-m // spec.tile_m) > MAX_GRID_YZ:
+        return decline(f"{-(-m // spec.tile_m)} row tiles of {spec.tile_m}: past the grid's {MAX_GRID_YZ} in y")
     if request.option("family") == FAMILY:
         return accept(spec, f"dense tiles as asked: {reason}")
     verdict = fp32_cost.judge(stats, request.n, request.bias or request.relu)
