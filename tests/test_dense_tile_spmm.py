@@ -76,8 +76,8 @@ def test_rule_declines_what_it_cannot_serve(request_, needle):
 def test_grid_limits_decline_or_clamp():
     import scipy.sparse as sp
 
-    tall = sp.csr_matrix((np.ones(3, np.float32), ([0, 1, 4_299_999], [0, 1, 2])), shape=(4_300_000, 3))
-    d = decide(tall, 8)  # 67,188 row tiles of 64
+    tall = sp.csr_matrix((np.ones(3, np.float32), ([0, 1, 8_399_999], [0, 1, 2])), shape=(8_400_000, 3))
+    d = decide(tall, 8)  # 65,625 row tiles of 128
     assert d.spec is None and "past the grid's 65535 in y" in d.reason
     long_k = random_csr(8, 2_200_000, 2e-6, seed=9)  # 68,750 slices
     assert spec_for(long_k, 8, split_k=100_000).split_k <= fam.MAX_GRID_YZ
