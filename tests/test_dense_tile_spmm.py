@@ -45,7 +45,7 @@ def test_k_is_split_to_fill_one_wave_with_enough_slices_each():
     wave = 132 * 3  # 128-thread blocks, 3 resident
     assert fam.choose_split(512, 128, 64, 64, 64, wave, 132) == 16  # 16 tiles: 396 // 16 = 24, 64 slices // 4 = 16
     assert fam.choose_split(256, 32, 64, 64, 72, wave, 132) == 18  # 4 tiles: 72 slices // 4
-    assert fam.choose_split(2048, 256, 64, 64, 16, wave, 132) == 1  # 128 tiles of K = 512: a split would walk < 16 slices
+    assert fam.choose_split(2048, 256, 64, 64, 16, wave, 132) == 1  # 128 tiles, K = 512: splits of < 16 slices
     assert fam.choose_split(2048, 256, 64, 64, 64, wave, 132) == 3  # ... K = 2048: 3 splits of 22
     assert fam.choose_split(2048, 128, 64, 64, 16, wave, 132) == 4  # 64 tiles, half the SMs: 4 slices a split do
     assert fam.choose_split(8192, 1024, 64, 64, 256, wave, 132) == 1  # a full wave of tiles
@@ -100,7 +100,8 @@ def test_default_selection_and_its_reason():
     assert sel.spec.family == fam.FAMILY
     assert sel.reason.startswith("tensor cores predicted fastest: CSR kernels")
     assert "3xTF32 tensor cores" in sel.reason and "K split 16 ways" in sel.reason
-    assert select(analyze(random_csr(512, 2048, 0.3, seed=7)), op="spmm", n=128, dtype="float16").spec.family != fam.FAMILY
+    layer = analyze(random_csr(512, 2048, 0.3, seed=7))
+    assert select(layer, op="spmm", n=128, dtype="float16").spec.family != fam.FAMILY
     assert select(analyze(random_csr(512, 2048, 0.02, seed=7)), op="spmm", n=128).spec.family != fam.FAMILY
 
 
