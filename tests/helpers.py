@@ -26,6 +26,12 @@ def reference(a, x, bias=None, relu=False):
     return np.maximum(y, 0.0) if relu else y
 
 
+def term_magnitudes(a, x, bias=None):
+    """|A|·|X| (+ |bias|) in float64: each output's sum of the magnitudes of its terms, the scale of
+    a dot product's rounding error where the terms cancel."""
+    return reference(abs(a), np.abs(x), None if bias is None else np.abs(bias))
+
+
 def rel_error(y, ref) -> float:
     ref = np.asarray(ref, dtype=np.float64)
     diff = np.linalg.norm(np.asarray(y, dtype=np.float64) - ref)
