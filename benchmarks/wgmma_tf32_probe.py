@@ -32,10 +32,30 @@ WGS = 2  # warpgroups per block: 64 columns of X each
 SK = 32  # K slice
 
 
-def source(m: int, k: int, n: int, bm: int, slots: int, swap: bool = False, promote: bool = False) -> str:
+def source(m: int, k: int, n: int, bm: int, slots: int, swap: bool = False, promote: bool = False,
+           insplit: bool = False) -> str:
     """The kernel for one shape; `swap` exchanges the descriptor's LBO and SBO (a layout check);
     `promote` sums each slice in fresh tensor-core accumulators and adds them into float32 registers
-    (one group in flight at a time), as dense_tile_spmm does for mma.sync."""
+    (one group in flight at a time), as dense_tile_spmm does for mma.sync; `insplit` copies W's float32
+    plane alone (half the L2 traffic of W) and splits it into hi (in place) and lo in shared memory."""
+    planes = 1 if insplit else 2
+    insplit_code = ("""        {
+            // W's float32 plane -> hi (in place) and lo: 16-byte chunks, the core-matrix layout kept
+            float4* wh = reinterpret_cast<float4*>(smem + (t % SLOTS) * SLOT);
+            float4* wl = reinterpret_cast<float4*>(smem + (t % SLOTS) * SLOT + W_PLANE);
+#pragma unroll
+            for (int round = 0; round < W_PLANE / 16 / THREADS; ++round) {
+                const int i = threadIdx.x + round * THREADS;
+                const float4 v = wh[i];
+                uint32_t h0, l0, h1, l1, h2, l2, h3, l3;
+                split(__float_as_uint(v.x), h0, l0); split(__float_as_uint(v.y), h1, l1);
+                split(__float_as_uint(v.z), h2, l2); split(__float_as_uint(v.w), h3, l3);
+                wh[i] = make_float4(__uint_as_float(h0), __uint_as_float(h1), __uint_as_float(h2), __uint_as_float(h3));
+                wl[i] = make_float4(__uint_as_float(l0), __uint_as_float(l1), __uint_as_float(l2), __uint_as_float(l3));
+            }
+            asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // st.shared before wgmma's reads
+            __syncthreads();
+        }""" if insplit else "")
     acc = bm // 2  # fp32 accumulators per thread: 64 x BM per warpgroup over 128 threads
     outs = ", ".join(f"%{i}" for i in range(acc))
     cons = ", ".join(f'"+f"(d[{i}])' for i in range(acc))
@@ -79,9 +99,9 @@ __device__ __forceinline__ void issue(uint32_t s, const float* __restrict__ whi,
                                       const float* __restrict__ x, int t, int m0, int n0) {{
     const int k0 = t * SK;
     constexpr int WCH = BM * (SK / 4);
-static_assert((2 * WCH) % THREADS == 0 && (SK * (BNX / 4)) % THREADS == 0, "whole rounds of copies");
+static_assert(({planes} * WCH) % THREADS == 0 && (SK * (BNX / 4)) % THREADS == 0, "whole rounds of copies");
 #pragma unroll
-    for (int round = 0; round < 2 * WCH / THREADS; ++round) {{
+    for (int round = 0; round < {planes} * WCH / THREADS; ++round) {{
         const int i = threadIdx.x + round * THREADS;
         const int plane = i / WCH, j = i % WCH, r = j / (SK / 4), c = j % (SK / 4);
         const float* src = (plane ? wlo : whi) + (size_t)(m0 + r) * K + k0 + 4 * c;
@@ -120,6 +140,7 @@ wgmma_tf32_gemm(const float* __restrict__ whi, const float* __restrict__ wlo, co
         if (t + AHEAD < KS) issue(base + ((t + AHEAD) % SLOTS) * SLOT, whi, wlo, x, t + AHEAD, m0, n0);
         asm volatile("cp.async.commit_group;\\n" ::: "memory");
         const uint32_t s = base + (t % SLOTS) * SLOT;
+{insplit_code}
         const float* xs = reinterpret_cast<const float*>(smem + (t % SLOTS) * SLOT + 2 * W_PLANE);
 #pragma unroll
         for (int q = 0; q < SK / 8; ++q)
@@ -169,7 +190,7 @@ def main() -> int:
     ap.add_argument("--m", type=int, default=4096)
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--n", default="128,256,1024")
-    ap.add_argument("--variants", default="128x4,128x4p,64x4,64x4p", help="BMxSLOTS list; suffix s swaps LBO/SBO, p promotes each slice")
+    ap.add_argument("--variants", default="128x4,128x4p,64x4,64x4p", help="BMxSLOTS list; suffixes: s swaps LBO/SBO, p promotes each slice, w splits W in shared memory")
     ap.add_argument("--no-family", action="store_true", help="skip dense_tile_spmm")
     args = ap.parse_args()
     import torch
@@ -207,16 +228,16 @@ def main() -> int:
             except Exception as e:  # the probe goes on
                 print(f"    dense_tile_spmm   -- {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
         for v in args.variants.split(","):
-            swap, promote = "s" in v, "p" in v
-            bm, slots = (int(a) for a in v.rstrip("sp").split("x"))
+            swap, promote, insplit = "s" in v, "p" in v, "w" in v
+            bm, slots = (int(a) for a in v.rstrip("spw").split("x"))
             try:
-                src = source(m, k, n, bm, slots, swap, promote)
+                src = source(m, k, n, bm, slots, swap, promote, insplit)
                 cubin = nvcc.compile_cubin(src, "sm_90a", name="wgmma_tf32_gemm")
                 shared = slots * (2 * bm * SK * 4 + SK * (64 * WGS + 8) * 4)
                 func = load_function(f"wgmma_tf32_{m}_{k}_{n}_{v}", cubin, "wgmma_tf32_gemm", shared)
                 ty = torch.empty((m, n), dtype=torch.float32, device=dev)
                 grid = (n // (64 * WGS), m // bm, 1)
-                ptrs = [np.uintp(a.data_ptr()) for a in (thi, tlo, tx, ty)]
+                ptrs = [np.uintp(a.data_ptr()) for a in ((tw, tw) if insplit else (thi, tlo)) + (tx, ty)]
 
                 def launch():
                     func(*ptrs, block=(128 * WGS, 1, 1), grid=grid, shared=shared)
