@@ -8,7 +8,9 @@ wgmma operands meet tf32's K-major rule without a transpose: A = X^T from regist
 columns of X read from the staged slice by scalar loads and split into hi/lo, the mma.sync m16n8k8
 A layout), B = W^T from shared memory, whose rows are W's rows with k contiguous (K-major), in 8 x 4
 core matrices without swizzle (LBO = 128 B along k, SBO = SK/4 x 128 B along W's rows). W is split
-into hi and lo planes on the host (W is the static operand: a plan-time encoding). Per k8 step three
+into hi and lo planes on the host (W is the static operand: a plan-time encoding), or with variant
+suffix `w` copied as one float32 plane and split in shared memory. Suffix `p` sums each slice in
+fresh accumulators promoted into float32 registers (without it the error is 1xTF32-like). Per k8 step three
 wgmma: lo*hi, hi*lo, hi*hi (3xTF32, float32 accuracy as in `_tf32x3.cuh.j2`). A block is two
 warpgroups (128 columns of X) by BM rows of W; K in slices of SK = 32 through a cp.async ring of SLOTS
 slots, AHEAD = SLOTS - 2 slices in flight, one wgmma group in flight while the next slice's A
