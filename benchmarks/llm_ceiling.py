@@ -13,13 +13,13 @@ kernel's measured speedup. No GPU: it reads the suite's JSON.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from collections import defaultdict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from sparsegen.bench.report import geomean  # noqa: E402
 from sparsegen.families.skinny_cost import DENSE_BYTES_PER_S, DENSE_FIXED_S, DENSE_FLOPS  # noqa: E402
 
 DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "h100-80gb-hbm3", "llm", "llm.json")
@@ -32,10 +32,6 @@ def bound_seconds(m: int, k: int, n: int, nnz: int) -> float:
     memory = DENSE_FIXED_S + (w_bytes + 2 * (k * n + m * n)) / DENSE_BYTES_PER_S
     math_ = DENSE_FIXED_S + 2 * m * k * n / DENSE_FLOPS
     return max(memory, math_)
-
-
-def geomean(v):
-    return math.exp(sum(map(math.log, v)) / len(v))
 
 
 def main(path: str) -> int:

@@ -58,6 +58,9 @@ def source(m: int, k: int, n: int, bm: int, slots: int, swap: bool = False, prom
             asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // st.shared before wgmma's reads
             __syncthreads();
         }""" if insplit else "")
+    from sparsegen.render import environment
+
+    tf32x3 = environment().get_template("_tf32x3.cuh.j2").render()  # the families' split, not a copy
     acc = bm // 2  # fp32 accumulators per thread: 64 x BM per warpgroup over 128 threads
     outs = ", ".join(f"%{i}" for i in range(acc))
     cons = ", ".join(f'"+f"(d[{i}])' for i in range(acc))
@@ -83,10 +86,7 @@ __device__ __forceinline__ void cp16(uint32_t dst, const void* src) {{
 __device__ __forceinline__ uint64_t desc(uint32_t a) {{
     return (uint64_t)((a & 0x3ffff) >> 4) | ((uint64_t)(LBO_ >> 4) << 16) | ((uint64_t)(SBO_ >> 4) << 32);
 }}
-__device__ __forceinline__ void split(uint32_t x, uint32_t& hi, uint32_t& lo) {{
-    hi = (x + 0x1000u) & 0xffffe000u;
-    lo = __float_as_uint(__uint_as_float(x) - __uint_as_float(hi)) + 0x1000u;
-}}
+{tf32x3}
 template <int SCALE_D>  // 0: d = a b (a slice's first product), 1: d += a b
 __device__ __forceinline__ void wgmma(float (&d)[{acc}], const uint32_t (&a)[4], uint64_t b) {{
     asm volatile("{{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, %{acc + 5}, 0;\\n\\t"
@@ -182,7 +182,7 @@ wgmma_tf32_gemm(const float* __restrict__ whi, const float* __restrict__ wlo, co
 
 
 def tf32_round(a: np.ndarray) -> np.ndarray:
-    """The kernel's hi: round to TF32 (half an ulp added, low 13 bits cleared)."""
+    """`split`'s hi (templates/_tf32x3.cuh.j2) on the host: round to TF32 (half an ulp added, low 13 bits cleared)."""
     u = a.astype(np.float32).view(np.uint32)
     return ((u + np.uint32(0x1000)) & np.uint32(0xffffe000)).view(np.float32)
 
