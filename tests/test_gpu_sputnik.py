@@ -95,10 +95,11 @@ def test_chunk_batch_and_block_options(chunk, batch, block, dtype):
     assert (kernel.spec.chunk, kernel.spec.batch) == (chunk, min(batch, chunk))
 
 
-@pytest.mark.parametrize("n", [128, 200])
+@pytest.mark.parametrize("n", [128, 200, 1000])
 def test_many_long_rows_in_16_row_blocks(n):
     """The family's own choice for many long rows (64-nonzero chunks, 512-thread blocks), with rows left
-    over in the last block and a partial column tile at n = 200."""
+    over in the last block and a partial column tile at n = 200 and 1000 (1000: 16800 warps, a big grid
+    with 8 loads of X in flight)."""
     kernel = check(random_csr(2100, 2048, 0.2, seed=n, empty_rows=0.05), n, seed=n)
     assert (kernel.spec.chunk, kernel.spec.rows) == (64, 16)
 

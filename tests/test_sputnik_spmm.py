@@ -40,12 +40,16 @@ def test_many_long_rows_take_the_measured_chunk_and_batch(monkeypatch):
     a = random_csr(4096, 2048, 0.2, seed=3)  # 4096 rows of ~410 nonzeros
     assert (spec_for(a, 128).chunk, spec_for(a, 128).batch, spec_for(a, 128).ksplit) == (64, 16, 1)
     assert (spec_for(a, 256).chunk, spec_for(a, 256).batch) == (64, 16)  # 8192 warps
-    assert (spec_for(a, 1024).chunk, spec_for(a, 1024).batch, spec_for(a, 1024).ksplit) == (32, 8, 1)
-    assert (spec_for(a, 128).rows, spec_for(a, 256).rows, spec_for(a, 1024).rows) == (16, 16, 4)  # 512 / 128 threads
+    assert (spec_for(a, 1024).chunk, spec_for(a, 1024).batch, spec_for(a, 1024).ksplit) == (64, 8, 1)  # 32768 warps
+    assert (spec_for(a, 128).rows, spec_for(a, 256).rows, spec_for(a, 1024).rows) == (16, 16, 16)  # 512 threads
     assert spec_for(a, 128, block=128).rows == 4  # options still win
+    assert spec_for(a, 1024, block=128).chunk == 32  # a block size asked for: the big grid's defaults
     assert spec_for(a, 1024, batch=32).batch == 32  # options still win
-    short = random_csr(4096, 2048, 0.05, seed=3)  # ~100 per row: the defaults
-    assert (spec_for(short, 1024).chunk, spec_for(short, 1024).batch) == (32, 16)
+    short = random_csr(4096, 2048, 0.05, seed=3)  # ~100 per row: whole-warp groups only (from 96 a row)
+    assert (spec_for(short, 1024).chunk, spec_for(short, 1024).batch, spec_for(short, 1024).rows) == (64, 8, 16)
+    assert (spec_for(short, 32).chunk, spec_for(short, 32).batch) == (32, 16)  # 8-thread groups: from 256 a row
+    shorter = random_csr(4096, 2048, 0.04, seed=3)  # ~82 per row: the defaults
+    assert (spec_for(shorter, 1024).chunk, spec_for(shorter, 1024).batch) == (32, 16)
     assert spec_for(a, 1024, dtype="float16").batch == 16  # measured in fp32 only
     assert "4096 x 2048, rows unsplit, 16-row blocks: measured faster" in select(analyze(a), op="spmm", n=128).reason
     narrow = random_csr(4096, 1024, 0.4, seed=3)  # ~410 per row but 1024 columns: not measured, the defaults

@@ -68,11 +68,20 @@ INDEX16_MAX_COLS = 32767  # int16 column indices (fp16 only)
 # this large; on them the defaults were as fast or faster (same sweeps). The 64-nonzero-chunk grids
 # with whole-warp row groups (n >= 128) run 512-thread blocks (16 rows a block, not 4): 1.02-1.19x
 # faster on the 4096 and 8192 squares at n = 128/256 (9 cases, geomean 1.08x; 2048 x 2048 at 80 %:
-# 0.99/1.03x); the larger grids with 8 loads in flight ran 0.83-1.15x and 8-thread groups (n = 32)
-# 0.92-1.05x, so those keep 128 (probes/spmm_sweep_many_rows_block.txt).
+# 0.99/1.03x); 8-thread groups (n = 32) 0.92-1.05x, so those keep 128
+# (probes/spmm_sweep_many_rows_block.txt). The larger grids with whole-warp groups stage 64-nonzero
+# chunks in 512-thread blocks too (8 loads in flight kept), and for them the rule covers rows from
+# 96 nonzeros (the 2048 x 2048 squares at 90/95 %, 4096 x 4096 at 95 %: 102-205 a row): on the 2048-8192
+# squares at 90/95 %, n = 128/256/1024 (probes/spmm_sweep_squares_c64_block512*.txt) 1.04-1.34x
+# faster where the choice changes (4096 at 90 %, n = 1024: 0.400 -> 0.326 ms; 8192 at 95 %:
+# 1.368 -> 1.030), except 8192 at 90 % with n = 1024, 0.94x (1.320 -> 1.406 ms, 1.89x cuBLAS
+# either way); 512-thread blocks of 32-nonzero chunks ran 0.58-1.05x, 256-thread blocks of 64
+# 0.51-0.97x, 128-nonzero chunks 0.49-0.85x. Their fewer rows a block share X rows in L1 less:
+# on 8192 at 95 %, n = 1024, ncu saw 16 % L1 hits with 4-row blocks (58 % at 90 %).
 MANY_ROWS = 2048
 MANY_COLS = 2048
 MANY_ROWS_MEAN = 256  # nonzeros per row, at least
+MANY_ROWS_MEAN_WHOLE_WARPS = 96  # with whole-warp row groups (n >= 128)
 MANY_ROWS_CHUNK_WARPS = 8192  # grid warps up to which 64-nonzero chunks pay
 MANY_ROWS_CHUNK = 64
 MANY_ROWS_BATCH = 8
@@ -161,9 +170,11 @@ def row_group(n: int, itemsize: int, tile_bytes: int | None = None) -> tuple[int
     return vec, min(WARP, max(1, (tile_bytes or TILE_BYTES) // (vec * itemsize)), next_pow2(-(-n // vec)))
 
 
-def many_long_rows(m: int, k: int, mean: float, f16: bool) -> bool:
-    """Where the measured many-row choices apply (fp32, >= 2048 x 2048, rows >= 256 nonzeros)."""
-    return m >= MANY_ROWS and k >= MANY_COLS and mean >= MANY_ROWS_MEAN and not f16
+def many_long_rows(m: int, k: int, mean: float, f16: bool, width: int) -> bool:
+    """Where the measured many-row choices apply (fp32, >= 2048 x 2048, rows >= 256 nonzeros, or
+    >= 96 with whole-warp row groups)."""
+    least = MANY_ROWS_MEAN_WHOLE_WARPS if width == WARP else MANY_ROWS_MEAN
+    return m >= MANY_ROWS and k >= MANY_COLS and mean >= least and not f16
 
 
 def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: int | None = None,
@@ -179,7 +190,7 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     vec, width = row_group(n, itemsize, tile_bytes)
     tile_n = width * vec
     target = SPLIT_WARPS_PER_SM * sm_count(request.arch)
-    many = many_long_rows(m, k, mean, f16)
+    many = many_long_rows(m, k, mean, f16, width)
     groups = group_budget(n, tile_n, width, target)
     longest = stats.row_lengths.max
     alike = row_split(m, n, tile_n, width, target)
@@ -192,8 +203,9 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     elif ksplit is None:
         ksplit = 1 if many else alike
     small_grid = warps(m, n, tile_n, width, ksplit) <= MANY_ROWS_CHUNK_WARPS
-    many_chunk = many and chunk is None and small_grid
-    big_block = many_chunk and width == WARP and block is None  # measured with whole-warp row groups (n >= 128)
+    whole_warps = width == WARP and block is None  # whole-warp row groups (n >= 128): 512-thread blocks measured
+    many_chunk = many and chunk is None and (small_grid or whole_warps)
+    big_block = many_chunk and whole_warps
     rows = max(1, (block or (MANY_ROWS_CHUNK_BLOCK if big_block else BLOCK_THREADS)) // (width * ksplit))
     many_batch = many and batch is None and not small_grid
     chunk = chunk or (MANY_ROWS_CHUNK if many_chunk else CHUNK)
