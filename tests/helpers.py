@@ -32,6 +32,14 @@ def term_magnitudes(a, x, bias=None):
     return reference(abs(a), np.abs(x), None if bias is None else np.abs(bias))
 
 
+def term_error(y, ref, a, x, bias=None) -> float:
+    """||y - ref|| relative to the terms' magnitudes (`term_magnitudes`), not to ref: where the bias or
+    the products cancel, ref is small but the rounding error of the sum is not."""
+    scale = np.linalg.norm(term_magnitudes(a, x, bias))
+    diff = np.linalg.norm(np.asarray(y, dtype=np.float64) - np.asarray(ref, dtype=np.float64))
+    return float(diff / scale) if scale else float(diff)
+
+
 def rel_error(y, ref) -> float:
     ref = np.asarray(ref, dtype=np.float64)
     diff = np.linalg.norm(np.asarray(y, dtype=np.float64) - ref)
