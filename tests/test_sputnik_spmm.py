@@ -287,3 +287,17 @@ def test_every_code_shape_compiles_for_sm90(shape, epilogue):
     kernel = sparsegen.compile(a, n=n, dtype=dtype, backend="emulate", bias=np.ones(m) if epilogue else None,
                                relu=epilogue, options={"family": "sputnik_spmm", **options})
     assert nvcc.compile_cubin(kernel.source, "sm_90", name=kernel.spec.name)
+
+
+def test_wide_outputs_run_512_thread_blocks_in_fp32():
+    a = random_csr(512, 2048, 0.1, seed=9)  # a DLMC-sized layer: rows split at narrower n
+    wide = spec_for(a, 1024)
+    assert wide.rows * wide.ksplit * wide.width == fam.WIDE_N_BLOCK
+    reason = select(analyze(a), op="spmm", n=1024, options=(("family", "sputnik_spmm"),)).reason
+    assert "512-thread blocks (n >= 1024: measured faster)" in reason
+    narrow = spec_for(a, 256)
+    assert narrow.rows * narrow.ksplit * narrow.width == max(fam.BLOCK_THREADS, narrow.ksplit * narrow.width)
+    asked = spec_for(a, 1024, block=128)  # options still win
+    assert asked.rows * asked.ksplit * asked.width == max(128, asked.ksplit * asked.width)
+    half = spec_for(a, 1024, dtype="float16")
+    assert half.rows * half.ksplit * half.width == max(fam.BLOCK_THREADS, half.ksplit * half.width)  # measured in fp32 only

@@ -58,6 +58,13 @@ MAX_M = 1024
 # each against its own run's cuSPARSE), while at 18-20 % and at n >= 256 the two tie or this wins.
 NARROW_N = 128
 NARROW_MIN_DENSITY = 0.15
+# Small layers (<= 2**20 weights: the 512 x 2048 transformer layers) need that density at every n:
+# with 512-thread blocks at n >= 1024 (WIDE_N in sputnik_spmm) sputnik_spmm beat this kernel on all
+# five such layers at 7.7-11 % density (1.15-1.32x; probes/spmm_sweep_sputnik_wide_n_dlmc.txt), and
+# at n = 256 on the same five with its 128-thread blocks (1.01-1.09x; spmm_sweep_sputnik_blocks_dlmc.txt),
+# while at 18 % this kernel still won (n = 256: 21.0 against 23.6 us). On 1000 x 2048 the two tied
+# at n = 1024 (0.97/1.05x) and on 512 x 4608 this kernel won (1.02-1.26x), so those keep it.
+SMALL_LAYER = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -192,6 +199,9 @@ def _outside_measured(stats, request: Request):
     if request.n <= NARROW_N and density < NARROW_MIN_DENSITY:
         return decline(f"n={request.n} <= {NARROW_N} at density {density:.3f} < {NARROW_MIN_DENSITY}: "
                        f"sputnik_spmm's split rows were measured faster there")
+    if m * k <= SMALL_LAYER and density < NARROW_MIN_DENSITY:
+        return decline(f"{m} x {k} (<= {SMALL_LAYER} weights) at density {density:.3f} < {NARROW_MIN_DENSITY}: "
+                       f"sputnik_spmm was measured faster there")
     return None
 
 

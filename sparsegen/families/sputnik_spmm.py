@@ -94,6 +94,14 @@ MANY_ROWS_CHUNK_BLOCK = 512  # threads per block with 64-nonzero chunks
 # one chunk a group) 0.88x, so those stay plain. At n >= 128 it is no gain (DLMC 1.00-1.02x, random
 # squares 0.80-1.03x: probes/spmm_sweep_prefetch_wide.txt).
 PREFETCH_MAX_N = 32
+# Wide outputs (fp32, n >= 1024: eight or more 128-column tiles a row): 512-thread blocks instead of
+# 128 (4x the rows, or row groups of split rows, a block). Measured on every other DLMC matrix against
+# the 128-thread default, both forced in one process (probes/spmm_sweep_sputnik_blocks_dlmc.txt): where
+# sputnik_spmm is the choice, n = 1024 1.27x (8 cases, 1.14-1.41x); n = 256 1.01x (0.93-1.09x) and
+# n = 128 0.99x (0.88-1.14x), so those keep 128; 64-nonzero chunks 0.72-1.27x (0.91x). Validated on
+# all 74 (probes/spmm_sweep_sputnik_wide_n_dlmc.txt).
+WIDE_N = 1024
+WIDE_N_BLOCK = 512
 
 
 @dataclass(frozen=True)
@@ -206,7 +214,9 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     whole_warps = width == WARP and block is None  # whole-warp row groups (n >= 128): 512-thread blocks measured
     many_chunk = many and chunk is None and (small_grid or whole_warps)
     big_block = many_chunk and whole_warps
-    rows = max(1, (block or (MANY_ROWS_CHUNK_BLOCK if big_block else BLOCK_THREADS)) // (width * ksplit))
+    wide_block = not f16 and n >= WIDE_N and block is None
+    threads = block or (MANY_ROWS_CHUNK_BLOCK if big_block else WIDE_N_BLOCK if wide_block else BLOCK_THREADS)
+    rows = max(1, threads // (width * ksplit))
     many_batch = many and batch is None and not small_grid
     chunk = chunk or (MANY_ROWS_CHUNK if many_chunk else CHUNK)
     sv = max(1, min(4, chunk // width))
@@ -238,6 +248,7 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
                    f"split while the grid stays within {target} for {sm_count(request.arch)} SMs)")
     reason += (f"; {chunk}-nonzero chunks by {sv}-wide loads, {spec.batch} loads of X in flight"
                f"{many_note}"
+               f"{f'; {WIDE_N_BLOCK}-thread blocks (n >= {WIDE_N}: measured faster)' if wide_block and not big_block else ''}"
                f"{'; the next chunk loaded while this one computes' if spec.prefetch else ''}; {index_bits}-bit indices"
                f"{' pre-scaled by n' if prescaled else ''}; "
                f"{'rows swizzled longest first' if swizzle else 'rows in order'}")
