@@ -170,3 +170,13 @@ def test_short_rows_at_narrow_n_load_two_chunks_a_step():
     for request in (Request("spmm", n=64), Request("spmm", n=32, dtype="float16")):
         assert fam.choose(stats_with_rows(100, m=2048), request)[0].unroll == 1
     assert fam.choose(stats_with_rows(400, m=2048), Request("spmm", n=32))[0].unroll == 1
+
+
+def test_block_option_sets_rows_per_block():
+    stats = stats_with_rows(200, m=512)
+    spec, reason = fam.choose(stats, Request("spmm", n=32, options=(("block", 512),)))
+    assert spec.block == 512 and spec.name.split(".")[-2 if spec.unroll > 1 else -1] == "b512"
+    assert f"{512 // spec.lanes} rows per 512-thread block" in reason
+    assert fam.choose(stats, Request("spmm", n=32))[0].block == fam.BLOCK_THREADS
+    declined = fam._rule(stats, Request("spmm", n=32, options=(("block", 100),)))
+    assert "option block=100: expected a power of two from 32 to 1024" in str(declined)

@@ -92,6 +92,17 @@ def test_rowsplit_chunks_loaded_several_a_step(unroll, n, dtype):
     assert kernel.spec.unroll == (unroll if kernel.spec.lanes > 1 else 1)
 
 
+@pytest.mark.parametrize("block", [32, 512, 1024])
+@pytest.mark.parametrize("n", [1, 32, 130])
+def test_rowsplit_block_option(block, n):
+    """Rows per block from `options block=` (one row per 32-thread block at n = 1, 32 rows at 1024),
+    the last block part-filled (201 rows)."""
+    a = sp.vstack([random_csr(200, 900, 0.05, seed=block, empty_rows=0.2),
+                   sp.csr_matrix(np.ones((1, 900), dtype=np.float32))]).tocsr()
+    kernel = run_check(a, n, "float32", None, relu=False, family="csr_rowsplit", block=block)
+    assert kernel.spec.block == block and kernel.spec.rows_per_block == block // kernel.spec.lanes
+
+
 def test_official_graph_challenge_layer(examples_dir):
     w = sparsegen.load(examples_dir / "n1024-l1.tsv.gz", shape=(1024, 1024))
     y0 = sparsegen.load(examples_dir / "sparse-images-1024-first64.tsv.gz", shape=(64, 1024))

@@ -61,6 +61,7 @@ WARPS_PER_SM = 16  # resident warps per SM wanted to hide load latency (of 64 po
 # and 1.04x (four); rows of 410-819 nonzeros (the 4096 and 8192 squares at 90 %) 0.82-0.91x, so they
 # stay at one.
 UNROLL = 2
+BLOCK_THREADS = 128  # threads per block unless `options block=` asks otherwise
 UNROLL_MAX_N = 32
 UNROLL_MAX_MEAN = 128
 
@@ -86,7 +87,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     while (warps_launched(m, n, vec, lanes_col, lanes_k) < target and lanes_col > 1
            and mean >= 4 * lanes_k and lanes_col * lanes_k == WARP):
         lanes_col, lanes_k, narrowed = lanes_col // 2, lanes_k * 2, True
-    block = 128
+    block = int(request.option("block") or BLOCK_THREADS)
     chunked = (request.dtype == "float32" and n <= UNROLL_MAX_N and mean <= UNROLL_MAX_MEAN)
     unroll = int(request.option("unroll") or (UNROLL if chunked else 1)) if lanes_col * lanes_k > 1 else 1
     spec = Spec(request.short_dtype, n, vec, lanes_col, lanes_k, block, request.bias, request.relu, unroll)
@@ -111,6 +112,9 @@ def _rule(stats, request: Request):
     unroll = request.option("unroll")
     if unroll is not None and unroll not in (1, 2, 4, 8):
         return decline(f"option unroll={unroll!r}: expected 1, 2, 4 or 8 (chunks loaded per step)")
+    block = request.option("block")
+    if block is not None and block not in (32, 64, 128, 256, 512, 1024):
+        return decline(f"option block={block!r}: expected a power of two from 32 to 1024 (threads per block)")
     return spmm_gate(stats, request) or accept(*choose(stats, request))
 
 
