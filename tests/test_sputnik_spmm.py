@@ -106,8 +106,9 @@ def test_name_reason_and_options(monkeypatch):
     assert sel.spec.family == "panel_spmm"  # 2048 columns at 20 %: measured faster there
     assert [c[1].family for c in sel.candidates] == ["sputnik_spmm", "csr_rowsplit"]
     sel = select(analyze(a), op="spmm", n=128, options=(("family", "sputnik_spmm"),))
-    assert sel.spec.name == ("sputnik_spmm.f32.n128.v4.w32.ks8.r1.c32x1.b16.i32s")
+    assert sel.spec.name == ("sputnik_spmm.f32.n128.v4.w32.ks8.r2.c32x1.b16.i32s")  # rows in order: 512 threads
     assert "8 groups per row (512 rows alone give 512 warps; split while the grid stays within 4224" in sel.reason
+    assert "512-thread blocks (n >= 128 with rows in order: measured faster)" in sel.reason
     forced = select(analyze(a), op="spmm", n=128, options=(("family", "csr_rowsplit"),))
     assert forced.spec.family == "csr_rowsplit"
     assert ("sputnik_spmm", False, "family 'csr_rowsplit' was requested") in forced.tried
@@ -295,8 +296,13 @@ def test_wide_outputs_run_512_thread_blocks_in_fp32():
     assert wide.rows * wide.ksplit * wide.width == fam.WIDE_N_BLOCK
     reason = select(analyze(a), op="spmm", n=1024, options=(("family", "sputnik_spmm"),)).reason
     assert "512-thread blocks (n >= 1024: measured faster)" in reason
-    narrow = spec_for(a, 256)
-    assert narrow.rows * narrow.ksplit * narrow.width == max(fam.BLOCK_THREADS, narrow.ksplit * narrow.width)
+    in_order = spec_for(a, 256)  # uniform rows, not swizzled: 512 threads from n = 128
+    assert not in_order.swizzle and in_order.rows * in_order.ksplit * in_order.width == fam.WIDE_N_BLOCK
+    skewed = sp.vstack([random_csr(500, 2048, 0.05, seed=9), random_csr(12, 2048, 0.6, seed=9)]).tocsr()
+    narrow = spec_for(skewed, 256)  # swizzled rows keep 128 below n = 1024
+    assert narrow.swizzle and narrow.rows * narrow.ksplit * narrow.width == max(fam.BLOCK_THREADS,
+                                                                                 narrow.ksplit * narrow.width)
+    assert spec_for(a, 32).rows * spec_for(a, 32).ksplit * spec_for(a, 32).width <= fam.BLOCK_THREADS  # n = 32
     asked = spec_for(a, 1024, block=128)  # options still win
     assert asked.rows * asked.ksplit * asked.width == max(128, asked.ksplit * asked.width)
     half = spec_for(a, 1024, dtype="float16")

@@ -99,7 +99,10 @@ PREFETCH_MAX_N = 32
 # the 128-thread default, both forced in one process (probes/spmm_sweep_sputnik_blocks_dlmc.txt): where
 # sputnik_spmm is the choice, n = 1024 1.27x (8 cases, 1.14-1.41x); n = 256 1.01x (0.93-1.09x) and
 # n = 128 0.99x (0.88-1.14x), so those keep 128; 64-nonzero chunks 0.72-1.27x (0.91x). Validated on
-# all 74 (probes/spmm_sweep_sputnik_wide_n_dlmc.txt).
+# all 74 (probes/spmm_sweep_sputnik_wide_n_dlmc.txt). At n = 128/256 the same sweep splits by row
+# order: rows in order (not swizzled, split alike) 1.07-1.14x (6 of 6), swizzled rows 0.88-0.95x
+# (7 of 7), so 128 <= n < 1024 takes 512-thread blocks only for rows in order (held-out half:
+# probes/spmm_sweep_sputnik_in_order_dlmc.txt). At n = 32 both lose (0.84-0.95x; spmm_sweep_n32_blocks.txt).
 WIDE_N = 1024
 WIDE_N_BLOCK = 512
 
@@ -214,7 +217,9 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     whole_warps = width == WARP and block is None  # whole-warp row groups (n >= 128): 512-thread blocks measured
     many_chunk = many and chunk is None and (small_grid or whole_warps)
     big_block = many_chunk and whole_warps
-    wide_block = not f16 and n >= WIDE_N and block is None
+    swizzle = balanced or stats.row_lengths.cov > SWIZZLE_COV
+    in_order = n >= MIN_N and not swizzle  # rows in order, split alike (balanced rows are swizzled)
+    wide_block = not f16 and block is None and (n >= WIDE_N or in_order)
     threads = block or (MANY_ROWS_CHUNK_BLOCK if big_block else WIDE_N_BLOCK if wide_block else BLOCK_THREADS)
     rows = max(1, threads // (width * ksplit))
     many_batch = many and batch is None and not small_grid
@@ -223,13 +228,13 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     index_bits = 16 if f16 and k <= INDEX16_MAX_COLS else 32
     wide = k * n >= 2**31
     prescaled = index_bits == 32 and not wide
-    swizzle = balanced or stats.row_lengths.cov > SWIZZLE_COV
     batch = min(chunk, batch or (MANY_ROWS_BATCH if many_batch else BATCH_BYTES // (vec * itemsize)))
     if prefetch is None:
         prefetch = not f16 and n <= PREFETCH_MAX_N and not balanced
     spec = Spec(request.short_dtype, n, vec, width, ksplit, rows, chunk, sv, batch, index_bits, prescaled, wide,
                 swizzle, request.bias, request.relu, budget, piece or 0, bool(prefetch))
     tiles = -(-n // tile_n)
+    block_why = f"n >= {WIDE_N}" if n >= WIDE_N else f"n >= {MIN_N} with rows in order"
     many_note = ""
     if many_chunk or many_batch:
         blocks_note = f", {rows}-row blocks" if big_block else ""
@@ -248,7 +253,7 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
                    f"split while the grid stays within {target} for {sm_count(request.arch)} SMs)")
     reason += (f"; {chunk}-nonzero chunks by {sv}-wide loads, {spec.batch} loads of X in flight"
                f"{many_note}"
-               f"{f'; {WIDE_N_BLOCK}-thread blocks (n >= {WIDE_N}: measured faster)' if wide_block and not big_block else ''}"
+               f"{f'; {WIDE_N_BLOCK}-thread blocks ({block_why}: measured faster)' if wide_block and not big_block else ''}"
                f"{'; the next chunk loaded while this one computes' if spec.prefetch else ''}; {index_bits}-bit indices"
                f"{' pre-scaled by n' if prescaled else ''}; "
                f"{'rows swizzled longest first' if swizzle else 'rows in order'}")
