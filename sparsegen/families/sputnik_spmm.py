@@ -188,6 +188,21 @@ def many_long_rows(m: int, k: int, mean: float, f16: bool, width: int) -> bool:
     return m >= MANY_ROWS and k >= MANY_COLS and mean >= least and not f16
 
 
+def block_threads(n: int, f16: bool, big_block: bool, swizzle: bool, block: int | None) -> tuple[int, str]:
+    """Threads per block and, for the measured 512-thread cases that are not many long rows, the
+    reason's note: `block` if asked for; 512 for many long rows' 64-nonzero chunks; in fp32, 512 at
+    n >= WIDE_N, or at n >= MIN_N with rows in order (not swizzled, so split alike); else 128."""
+    if block:
+        return block, ""
+    if big_block:
+        return MANY_ROWS_CHUNK_BLOCK, ""
+    if not f16 and n >= WIDE_N:
+        return WIDE_N_BLOCK, f"; {WIDE_N_BLOCK}-thread blocks (n >= {WIDE_N}: measured faster)"
+    if not f16 and n >= MIN_N and not swizzle:
+        return WIDE_N_BLOCK, f"; {WIDE_N_BLOCK}-thread blocks (n >= {MIN_N} with rows in order: measured faster)"
+    return BLOCK_THREADS, ""
+
+
 def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: int | None = None,
            chunk: int | None = None, batch: int | None = None, block: int | None = None,
            balance: int | None = None, piece: int | None = None, prefetch: bool | None = None) -> tuple[Spec, str]:
@@ -218,9 +233,7 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     many_chunk = many and chunk is None and (small_grid or whole_warps)
     big_block = many_chunk and whole_warps
     swizzle = balanced or stats.row_lengths.cov > SWIZZLE_COV
-    in_order = n >= MIN_N and not swizzle  # rows in order, split alike (balanced rows are swizzled)
-    wide_block = not f16 and block is None and (n >= WIDE_N or in_order)
-    threads = block or (MANY_ROWS_CHUNK_BLOCK if big_block else WIDE_N_BLOCK if wide_block else BLOCK_THREADS)
+    threads, block_note = block_threads(n, f16, big_block, swizzle, block)
     rows = max(1, threads // (width * ksplit))
     many_batch = many and batch is None and not small_grid
     chunk = chunk or (MANY_ROWS_CHUNK if many_chunk else CHUNK)
@@ -234,7 +247,6 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     spec = Spec(request.short_dtype, n, vec, width, ksplit, rows, chunk, sv, batch, index_bits, prescaled, wide,
                 swizzle, request.bias, request.relu, budget, piece or 0, bool(prefetch))
     tiles = -(-n // tile_n)
-    block_why = f"n >= {WIDE_N}" if n >= WIDE_N else f"n >= {MIN_N} with rows in order"
     many_note = ""
     if many_chunk or many_batch:
         blocks_note = f", {rows}-row blocks" if big_block else ""
@@ -253,7 +265,7 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
                    f"split while the grid stays within {target} for {sm_count(request.arch)} SMs)")
     reason += (f"; {chunk}-nonzero chunks by {sv}-wide loads, {spec.batch} loads of X in flight"
                f"{many_note}"
-               f"{f'; {WIDE_N_BLOCK}-thread blocks ({block_why}: measured faster)' if wide_block and not big_block else ''}"
+               f"{block_note}"
                f"{'; the next chunk loaded while this one computes' if spec.prefetch else ''}; {index_bits}-bit indices"
                f"{' pre-scaled by n' if prescaled else ''}; "
                f"{'rows swizzled longest first' if swizzle else 'rows in order'}")
