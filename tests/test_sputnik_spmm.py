@@ -108,7 +108,7 @@ def test_name_reason_and_options(monkeypatch):
     sel = select(analyze(a), op="spmm", n=128, options=(("family", "sputnik_spmm"),))
     assert sel.spec.name == ("sputnik_spmm.f32.n128.v4.w32.ks8.r2.c32x1.b16.i32s")  # rows in order: 512 threads
     assert "8 groups per row (512 rows alone give 512 warps; split while the grid stays within 4224" in sel.reason
-    assert "512-thread blocks (n >= 128 with rows in order: measured faster)" in sel.reason
+    assert "512-thread blocks (n >= 128 with rows in order of >= 90 nonzeros: measured faster)" in sel.reason
     forced = select(analyze(a), op="spmm", n=128, options=(("family", "csr_rowsplit"),))
     assert forced.spec.family == "csr_rowsplit"
     assert ("sputnik_spmm", False, "family 'csr_rowsplit' was requested") in forced.tried
@@ -298,6 +298,12 @@ def test_wide_outputs_run_512_thread_blocks_in_fp32():
     assert "512-thread blocks (n >= 1024: measured faster)" in reason
     in_order = spec_for(a, 256)  # uniform rows, not swizzled: 512 threads from n = 128
     assert not in_order.swizzle and in_order.rows * in_order.ksplit * in_order.width == fam.WIDE_N_BLOCK
+    rng = np.random.default_rng(9)  # 512 rows of exactly 40 nonzeros: in order, shorter than measured
+    cols = np.sort(np.argsort(rng.random((512, 2048)), axis=1)[:, :40], axis=1).ravel()
+    even = sp.csr_matrix((np.ones(cols.size, np.float32), cols, np.arange(0, cols.size + 1, 40)), shape=(512, 2048))
+    short = spec_for(even, 256)
+    assert not short.swizzle and short.rows * short.ksplit * short.width == max(fam.BLOCK_THREADS,
+                                                                                 short.ksplit * short.width)
     skewed = sp.vstack([random_csr(500, 2048, 0.05, seed=9), random_csr(12, 2048, 0.6, seed=9)]).tocsr()
     narrow = spec_for(skewed, 256)  # swizzled rows keep 128 below n = 1024
     assert narrow.swizzle and narrow.rows * narrow.ksplit * narrow.width == max(fam.BLOCK_THREADS,

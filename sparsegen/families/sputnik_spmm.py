@@ -103,8 +103,10 @@ PREFETCH_MAX_N = 32
 # order: rows in order (not swizzled, split alike) 1.07-1.14x (6 of 6), swizzled rows 0.88-0.95x
 # (7 of 7), so 128 <= n < 1024 takes 512-thread blocks only for rows in order (held-out half:
 # probes/spmm_sweep_sputnik_in_order_dlmc.txt). At n = 32 both lose (0.84-0.95x; spmm_sweep_n32_blocks.txt).
+# Those rows had 92-205 nonzeros; shorter rows in order keep 128 (not measured).
 WIDE_N = 1024
 WIDE_N_BLOCK = 512
+IN_ORDER_MIN_MEAN = 90
 
 
 @dataclass(frozen=True)
@@ -188,18 +190,21 @@ def many_long_rows(m: int, k: int, mean: float, f16: bool, width: int) -> bool:
     return m >= MANY_ROWS and k >= MANY_COLS and mean >= least and not f16
 
 
-def block_threads(n: int, f16: bool, big_block: bool, swizzle: bool, block: int | None) -> tuple[int, str]:
+def block_threads(n: int, f16: bool, big_block: bool, swizzle: bool, mean: float,
+                  block: int | None) -> tuple[int, str]:
     """Threads per block and, for the measured 512-thread cases that are not many long rows, the
     reason's note: `block` if asked for; 512 for many long rows' 64-nonzero chunks; in fp32, 512 at
-    n >= WIDE_N, or at n >= MIN_N with rows in order (not swizzled, so split alike); else 128."""
+    n >= WIDE_N, or at n >= MIN_N with rows in order (not swizzled, so split alike) of at least
+    IN_ORDER_MIN_MEAN nonzeros; else 128."""
     if block:
         return block, ""
     if big_block:
         return MANY_ROWS_CHUNK_BLOCK, ""
     if not f16 and n >= WIDE_N:
         return WIDE_N_BLOCK, f"; {WIDE_N_BLOCK}-thread blocks (n >= {WIDE_N}: measured faster)"
-    if not f16 and n >= MIN_N and not swizzle:
-        return WIDE_N_BLOCK, f"; {WIDE_N_BLOCK}-thread blocks (n >= {MIN_N} with rows in order: measured faster)"
+    if not f16 and n >= MIN_N and not swizzle and mean >= IN_ORDER_MIN_MEAN:
+        return WIDE_N_BLOCK, (f"; {WIDE_N_BLOCK}-thread blocks (n >= {MIN_N} with rows in order of >= {IN_ORDER_MIN_MEAN} "
+                              f"nonzeros: measured faster)")
     return BLOCK_THREADS, ""
 
 
@@ -233,7 +238,7 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     many_chunk = many and chunk is None and (small_grid or whole_warps)
     big_block = many_chunk and whole_warps
     swizzle = balanced or stats.row_lengths.cov > SWIZZLE_COV
-    threads, block_note = block_threads(n, f16, big_block, swizzle, block)
+    threads, block_note = block_threads(n, f16, big_block, swizzle, mean, block)
     rows = max(1, threads // (width * ksplit))
     many_batch = many and batch is None and not small_grid
     chunk = chunk or (MANY_ROWS_CHUNK if many_chunk else CHUNK)
