@@ -111,7 +111,8 @@ def test_source_names_the_constants_and_the_split_k_finish():
     split = render(spec_for(random_csr(512, 2048, 0.3, seed=1), 128))
     for text in ("constexpr int M = 512;", "constexpr int K = 2048;", "constexpr int N = 128;",
                  "constexpr int SPLIT_K = 16;", "constexpr int FINISH_VEC = N % 4 == 0 ? 4 : 1;",
-                 "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", "atomicAdd(counters + tile, 1)",
+                 "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", "arrives_last(counters + tile, 1, SPLIT_K)",
+                 "atomicAdd(counter, count) + count == total",
                  "float* __restrict__ workspace, int* __restrict__ counters"):
         assert text in split, text
     whole = render(spec_for(random_csr(4096, 512, 0.3, seed=1), 1024))

@@ -46,7 +46,8 @@ def test_stream_source_flushes_m_tiles_instead_of_the_split_epilogue(family):
     assert "stream_flush(acc, (u0 + t) / K_TILES, t + 1 - first" in source
     assert "stream_after_tile(acc, u0, t, tiles, first" in source
     assert "epilogue(acc" not in source and "blockIdx.z" not in source
-    assert "atomicAdd(counters + mt, count) + count == K_TILES" in source
+    assert "arrives_last(counters + mt, count, K_TILES)" in source
+    assert "atomicAdd(counter, count) + count == total" in source
     split = sparsegen.compile(random_csr(700, 2000, 0.2, seed=7), n=16, dtype="float16", backend="emulate",
                               options={"family": family, "split_k": 4, "reduction": "atomic"}).source
     assert "stream_flush" not in split and "epilogue(acc" in split
