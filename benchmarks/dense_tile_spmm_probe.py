@@ -16,6 +16,22 @@ ap.add_argument("--out", default=os.environ.get("OUT", "."))
 ap.add_argument("--n", default="32,128,256,1024", help="comma-separated n")
 ap.add_argument("--narrow", action="store_true", help="n <= 32 variants: 32- and 64-column tiles, 64 and 128 rows, K split x2 and /2")
 args = ap.parse_args()
+
+
+def variants_for(s0, args) -> list:
+    """The option sets tried beside the selected spec s0 (the first, {})."""
+    if args.narrow:
+        return [{}, {"tile_m": 128}, {"tile_n": 64}, {"split_k": s0.split_k * 2}, {"split_k": max(1, s0.split_k // 2)}]
+    variants = [{}, {"min_blocks": 4}]
+    if args.few:
+        return variants + [{"split_k": s0.split_k * 2}, {"split_k": max(1, s0.split_k // 2)}, {"tile_n": 128}]
+    if s0.split_k > 1:
+        variants += [{"split_k": max(1, s0.split_k // 2)}, {"split_k": s0.split_k * 2}]
+    else:
+        variants += [{"split_k": 2}]
+    return variants + [{"tile_m": 128}, {"tile_n": 128}, {"tile_m": 128, "tile_n": 128, "min_blocks": 1}]
+
+
 rows = []
 out = open(os.path.join(args.out, "dense_tile_spmm_probe.txt"), "w")
 def say(s):
@@ -31,20 +47,7 @@ for (m, k) in SHAPES:
         y = torch.empty(m, n, device=dev)
         tb = time_cuda(lambda: torch.matmul(W32, x, out=y))["median_ms"]
         base = sparsegen.compile(A, op="spmm", n=n, options={"family": "dense_tile_spmm"})
-        s0 = base.spec
-        variants = [{}, {"min_blocks": 4}]
-        if args.narrow:
-            variants = [{}, {"tile_m": 128}, {"tile_n": 64}, {"split_k": s0.split_k * 2}, {"split_k": max(1, s0.split_k // 2)}]
-        if args.narrow:
-            pass
-        elif args.few:
-            variants += [{"split_k": s0.split_k * 2}, {"split_k": max(1, s0.split_k // 2)}, {"tile_n": 128}]
-        elif s0.split_k > 1:
-            variants += [{"split_k": max(1, s0.split_k // 2)}, {"split_k": s0.split_k * 2}]
-        else:
-            variants += [{"split_k": 2}]
-        if not (args.few or args.narrow):
-            variants += [{"tile_m": 128}, {"tile_n": 128}, {"tile_m": 128, "tile_n": 128, "min_blocks": 1}]
+        variants = variants_for(base.spec, args)
         seen = set()
         for v in variants:
             try:

@@ -11,7 +11,6 @@ A family that declines or fails prints its reason and the probe goes on. Writes 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -20,6 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import sparsegen  # noqa: E402
 from sparsegen.bench.llm import as_dtype, parse_shapes, random_weight  # noqa: E402
+from sparsegen.bench.report import geomean  # noqa: E402
 from sparsegen.bench.timing import time_cuda  # noqa: E402
 
 
@@ -68,7 +68,7 @@ def main() -> int:
                     emit(f"    {fam:20s} {ms * 1e3:8.1f} us {cub / ms:5.2f}x err {err:.1e} {kern.spec.name}")
             emit(f"# {m}x{k} s={s}: {time.time() - t0:.0f} s")
     for fam, r in ratios.items():
-        emit(f"# geomean vs cuBLAS {fam}: {math.exp(sum(map(math.log, r)) / len(r)):.2f}x over {len(r)}")
+        emit(f"# geomean vs cuBLAS {fam}: {geomean(r):.2f}x over {len(r)}")
     return 0
 
 
