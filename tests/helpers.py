@@ -1,6 +1,8 @@
 """Small shared builders for tests (random matrices with controlled structure)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -37,7 +39,9 @@ def term_error(y, ref, a, x, bias=None) -> float:
     the products cancel, ref is small but the rounding error of the sum is not."""
     scale = np.linalg.norm(term_magnitudes(a, x, bias))
     diff = np.linalg.norm(np.asarray(y, dtype=np.float64) - np.asarray(ref, dtype=np.float64))
-    return float(diff / scale) if scale else float(diff)
+    if scale:
+        return float(diff / scale)
+    return 0.0 if diff == 0 else math.inf  # no terms: any difference is wrong
 
 
 def rel_error(y, ref) -> float:
