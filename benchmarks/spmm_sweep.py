@@ -57,9 +57,10 @@ def print_geomeans(ratios: dict) -> None:
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
-    """'family,key=int,...' forces that family with those options; 'auto,...' leaves the choice to selection."""
+    """'family,key=value,...' forces that family with those options (integer values as int, others as
+    text: 'dense_tile_spmm,mma=f16x3'); 'auto,...' leaves the choice to selection."""
     family, *opts = text.split(",")
-    options = {k: int(v) for k, v in (o.split("=") for o in opts)}
+    options = {k: int(v) if v.lstrip("-").isdigit() else v for k, v in (o.split("=") for o in opts)}
     return text, options if family == "auto" else {"family": family, **options}
 
 

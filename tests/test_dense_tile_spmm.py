@@ -16,7 +16,7 @@ from sparsegen.families.base import Request
 from sparsegen.render import render
 from sparsegen.select import select
 
-from .helpers import TOL, random_csr, reference, rel_error
+from .helpers import TOL, random_csr, reference, rel_error, term_error
 
 FORCED = ("family", fam.FAMILY)
 
@@ -144,14 +144,62 @@ def test_plan_holds_w_densified_and_the_scratch_sizes():
 
 @settings(max_examples=25, deadline=None)
 @given(m=st.integers(1, 150), k=st.integers(1, 150), n=st.integers(1, 70), density=st.floats(0, 1),
-       epilogue=st.booleans(), seed=st.integers(0, 1000))
-def test_emulator_matches_scipy(m, k, n, density, epilogue, seed):
+       epilogue=st.booleans(), seed=st.integers(0, 1000), mma=st.sampled_from(fam.MMAS))
+def test_emulator_matches_scipy(m, k, n, density, epilogue, seed, mma):
     a = random_csr(m, k, density, seed=seed)
     bias = np.linspace(-1, 1, m) if epilogue else None
     kernel = sparsegen.compile(a, op="spmm", n=n, bias=bias, relu=epilogue, backend="emulate",
-                               options={"family": fam.FAMILY})
+                               options={"family": fam.FAMILY, "mma": mma})
     x = np.random.default_rng(seed).standard_normal((k, n)).astype(np.float32)
-    assert rel_error(kernel(x), reference(a, x, bias, epilogue)) <= TOL["float32"]
+    y, ref = kernel(x), reference(a, x, bias, epilogue)
+    # f16x3 emulates the kernel's split: ~22 bits per product, held to the terms' magnitudes
+    assert rel_error(y, ref) <= TOL["float32"] or term_error(y, ref, a, x, bias) <= 1e-6
+
+
+# ---- 3xFP16 --------------------------------------------------------------------------------------
+
+def test_f16x3_taken_for_big_products_at_wide_n_only():
+    big = random_csr(2048, 2048, 0.3, seed=11)  # 2 m k n = 2.1 GFLOP at n = 256
+    s = spec_for(big, 256)
+    assert (s.mma, s.tile_m, s.tile_n, s.threads, s.min_blocks) == ("f16x3", 128, 64, 256, 2)
+    assert s.name.endswith(".mb2.h3") and "3xFP16" in decide(big, 256).reason
+    assert spec_for(big, 128).mma == "tf32x3"  # n < 256
+    assert spec_for(random_csr(512, 2048, 0.3, seed=11), 512).mma == "tf32x3"  # 1.07 GFLOP
+    assert spec_for(big, 128, mma="f16x3").mma == "f16x3" and spec_for(big, 256, mma="tf32x3").tile_m == 64
+    d = decide(big, 256, mma="f32")
+    assert d.spec is None and "option mma='f32'" in d.reason
+
+
+def test_f16x3_encoding_scales_rows_and_splits_them_exactly():
+    rng = np.random.default_rng(12)
+    a = random_csr(40, 37, 0.5, seed=12, empty_rows=0.2)
+    a.data *= np.exp2(rng.integers(-60, 60, a.nnz)).astype(np.float32)
+    k = sparsegen.compile(a, op="spmm", n=300, backend="emulate", options={"family": fam.FAMILY, "mma": "f16x3"})
+    arrays = k.plan.arrays
+    assert arrays["w_hi"].shape == arrays["w_lo"].shape == (40, 40) and arrays["w_hi"].dtype == np.uint16
+    assert not arrays["w_hi"][:, 37:].any()  # K padded to 16-byte copies with zeros
+    hi = arrays["w_hi"].view(np.float16).astype(np.float64)
+    lo = arrays["w_lo"].view(np.float16).astype(np.float64)
+    row_max = np.abs(hi).max(axis=1)
+    assert np.all((row_max == 0) | ((row_max >= 2**14) & (row_max <= 2**15)))
+    w = (hi + lo)[:, :37] * arrays["w_inv"].astype(np.float64)[:, None]
+    dense = a.toarray().astype(np.float64)
+    # lo rounds to 11 bits while normal in fp16, else to fp16's subnormal step 2^-24 (scaled units)
+    bound = 2.0**-22 * np.abs(dense) + 2.0**-25 * arrays["w_inv"].astype(np.float64)[:, None]
+    assert np.all(np.abs(w - dense) <= bound)
+    assert np.abs(w - dense).max() > 0  # values of more than 22 bits do lose some
+    assert {a.name for a in fam.arguments(k.spec)} >= {"w_hi", "w_lo", "w_inv"} and "w" not in arrays
+
+
+def test_f16x3_source_splits_x_per_slice_and_uses_fp16_mma():
+    src = render(spec_for(random_csr(2048, 2048, 0.3, seed=13), 256))
+    for text in ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "constexpr int K_PAD = 2048;",
+                 "split_x(smem + (s % STAGES) * STAGE_FLOATS, x2, col_inv);", "const int s = min(max(141 - biased, -126), 126);",
+                 "inv.x * row_inv[mf][h]", "const uint16_t* __restrict__ w_hi", "#include <cuda_fp16.h>"):
+        assert text in src, text
+    assert "tf32" not in src.split("extern \"C\"")[0].split("---- constants")[1].split("float32 accuracy on FP16")[0]
+    tf32 = render(spec_for(random_csr(2048, 2048, 0.3, seed=13), 128))
+    assert "m16n8k16" not in tf32 and "split_x" not in tf32 and "cuda_fp16.h" not in tf32
 
 
 # ---- nvcc tier ---------------------------------------------------------------------------------
@@ -162,6 +210,9 @@ def test_emulator_matches_scipy(m, k, n, density, epilogue, seed):
     ((100, 37), 13, {}),  # odd K and N: 4-byte copies, scalar finish
     ((300, 516), 66, {"tile_m": 128, "tile_n": 128, "min_blocks": 1}),
     ((4096, 512), 1024, {"stages": 2}),  # unsplit
+    ((512, 2048), 128, {"mma": "f16x3"}),  # 3xFP16, 64-row tiles, split K
+    ((2048, 2048), 256, {}),  # 3xFP16 as selected: 128 x 64 tiles
+    ((100, 37), 13, {"mma": "f16x3", "tile_m": 128}),  # odd K and N, 128 x 32 tiles
 ])
 def test_source_compiles_for_sm90_without_spills(shape, n, options):
     a = random_csr(*shape, 0.3, seed=6)

@@ -11,6 +11,15 @@ significant bits per product against fp32's 24: errors of 2-4e-7 relative to Y o
 where an output's terms cancel, its own relative error can pass SGEMM's, but relative to the
 magnitude of its terms (|W| |X|) it stays under 1e-6 (tests/test_gpu_dense_tile_spmm.py).
 
+3xFP16 (`mma="f16x3"`, spec suffix `.h3`): the same three products on FP16 tensor cores, twice
+TF32's rate. fp16's range is narrow, so W's rows are scaled by powers of two when W is encoded (each
+row's largest value into [2^14, 2^15), its hi and lo planes stored as fp16) and X's columns per slice
+of K in the kernel, after the slice lands; the sums are scaled back per slice in fp32, so X and W
+anywhere in float32's range keep the accuracy of 3xTF32. Taken for >= 2 GFLOP of dense work at
+n >= 256, in 128 x 64 tiles: 1.01-1.16x faster than 3xTF32 there. Smaller products do not gain (the
+kernel is bound by its slice pipeline, not the tensor cores: 3xFP16 halves the mma and still runs
+0.79-0.95x below 1.2 GFLOP, the split of X a step of its own), nor does n <= 128.
+
 A block owns a `tile_m` × `tile_n` tile of Y, a warp 32 × 32 of it; K is walked in slices of
 `slice_k`, `stages` in flight (cp.async, zero-filled past the matrix). Where the tiles alone would
 leave SMs idle, K is split among `split_k` blocks per tile: their sums meet in an fp32 workspace (L2
@@ -46,7 +55,15 @@ SHARED_PER_SM = 227 * 1024  # bytes of shared memory a block may use on an sm_90
 # 3 splits of 5-6 slices, while K = 2048-8192 (22-85 slices a split) still gained 1.04-1.11x from splitting.
 MIN_SLICES_PER_SPLIT = 4
 FULL_GRID_SLICES_PER_SPLIT = 16
-OPTIONS = ("tile_m", "tile_n", "split_k", "stages", "min_blocks")
+OPTIONS = ("tile_m", "tile_n", "split_k", "stages", "min_blocks", "mma")
+MMAS = ("tf32x3", "f16x3")  # three TF32 products per product, or three FP16 ones on scaled operands
+DEFAULT_MMA = "tf32x3"
+# 3xFP16 in 128 x 64 tiles (two blocks of 256 threads per SM) from this much dense work at n >= 256: in
+# the H100 sweep (probes/spmm_sweep_dense_tile_f16x3_tiles.txt) 1.01-1.16x faster than 3xTF32's 64 x 64
+# tiles from 2.1 GFLOP (23 cases), a tie at 1.2 (0.98-1.00x), slower below (0.79-0.95x); with 3xTF32,
+# 128-row tiles were 0.89-0.95x. Not at n <= 128: 64-row 3xFP16 tiles there ran 0.77-0.90x.
+F16X3_MIN_FLOP = 2e9
+F16X3_MIN_N = 256
 MAX_DENSE_BYTES = 8 << 30  # densified W past this is refused (the plan holds it on host and GPU)
 MAX_GRID_YZ = 65535  # CUDA's limit on a grid's y (row tiles) and z (K splits) dimensions
 
@@ -68,11 +85,13 @@ class Spec(KernelSpec):
     x_vec: int  # floats per cp.async copy of X
     bias: bool = False
     relu: bool = False
+    mma: str = DEFAULT_MMA  # "tf32x3" or "f16x3"
 
     @property
     def name(self) -> str:
+        h3 = ".h3" if self.mma == "f16x3" else ""
         return (f"{FAMILY}.{self.dtype}.m{self.m}k{self.k}n{self.n}.t{self.tile_m}x{self.tile_n}.s{self.slice_k}"
-                f"x{self.stages}.sk{self.split_k}.mb{self.min_blocks}{epilogue_suffix(self.bias, self.relu)}")
+                f"x{self.stages}.sk{self.split_k}.mb{self.min_blocks}{h3}{epilogue_suffix(self.bias, self.relu)}")
 
     @property
     def threads(self) -> int:
@@ -92,11 +111,17 @@ class Spec(KernelSpec):
 
     @property
     def shared_bytes(self) -> int:
-        return shared_bytes(self.tile_m, self.tile_n, self.slice_k, self.stages)
+        return shared_bytes(self.tile_m, self.tile_n, self.slice_k, self.stages, self.mma)
+
+    @property
+    def k_pad(self) -> int:
+        """The f16x3 planes' row length: K padded to whole 16-byte copies."""
+        return -(-self.k // FORMAT.SPLIT_K_ALIGN) * FORMAT.SPLIT_K_ALIGN
 
     def fields(self) -> dict:
         d = super().fields()
-        d.update(threads=self.threads, slices=self.slices, slices_per_split=self.slices_per_split, tiles=self.tiles)
+        d.update(threads=self.threads, slices=self.slices, slices_per_split=self.slices_per_split, tiles=self.tiles,
+                 k_pad=self.k_pad)
         return d
 
     def to_dict(self) -> dict:
@@ -107,14 +132,23 @@ def threads_for(tile_m: int, tile_n: int) -> int:
     return 32 * (tile_m // WARP_TILE) * (tile_n // WARP_TILE)
 
 
-def shared_bytes(tile_m: int, tile_n: int, slice_k: int, stages: int) -> int:
-    """`stages` stages of W's tile_m rows (slice_k + 4 floats apart) and X's slice_k rows (tile_n + 8)."""
+def shared_bytes(tile_m: int, tile_n: int, slice_k: int, stages: int, mma: str = DEFAULT_MMA) -> int:
+    """tf32x3: `stages` stages of W's tile_m rows (slice_k + 4 floats apart) and X's slice_k rows (tile_n +
+    8). f16x3: stages of W's two fp16 planes (slice_k + 8 halves apart) and X's float32 rows (tile_n +
+    32 / warps along M), then X's split slice (two sets of slice_k / 2 word rows, tile_n + 8 apart, 16
+    words between them) and tile_n column scales."""
+    if mma == "f16x3":
+        warps_m = tile_m // WARP_TILE
+        stage = 2 * 2 * tile_m * (slice_k + 8) + 4 * slice_k * (tile_n + 32 // warps_m)
+        split = 4 * (2 * (slice_k // 2) * (tile_n + 8) + 16) + 4 * tile_n
+        return stages * stage + split
     return 4 * stages * (tile_m * (slice_k + 4) + slice_k * (tile_n + 8))
 
 
-def resident_blocks(tile_m: int, tile_n: int, slice_k: int, stages: int, min_blocks: int) -> int:
+def resident_blocks(tile_m: int, tile_n: int, slice_k: int, stages: int, min_blocks: int,
+                    mma: str = DEFAULT_MMA) -> int:
     """Blocks an SM holds: the register request (min_blocks) and shared memory, whichever binds."""
-    return max(1, min(min_blocks, SHARED_PER_SM // shared_bytes(tile_m, tile_n, slice_k, stages)))
+    return max(1, min(min_blocks, SHARED_PER_SM // shared_bytes(tile_m, tile_n, slice_k, stages, mma)))
 
 
 def choose_split(m: int, n: int, tile_m: int, tile_n: int, slices: int, wave: int, sms: int) -> int:
@@ -129,29 +163,37 @@ def choose_split(m: int, n: int, tile_m: int, tile_n: int, slices: int, wave: in
 
 def choose(stats, request: Request) -> tuple[Spec, str]:
     """64 x 64 tiles (four warps; 64 x 32 for n <= 32); 128 rows where the tiles still fill two waves; K
-    split to fill one."""
+    split to fill one. 3xTF32, but 3xFP16 in 128 x 64 tiles for >= F16X3_MIN_FLOP of dense work at n >=
+    F16X3_MIN_N."""
     m, k = stats.shape
     n = request.n
     sms = sm_count(request.arch)
     slice_k, stages = SLICE_K, int(request.option("stages") or STAGES)
+    big = n >= F16X3_MIN_N and 2.0 * m * k * n >= F16X3_MIN_FLOP
+    mma = request.option("mma") or ("f16x3" if big else DEFAULT_MMA)
     tile_n = int(request.option("tile_n") or (32 if n <= 32 else 64))
     tile_m = request.option("tile_m")
-    if tile_m is None:
+    if tile_m is None and big and mma == "f16x3":
+        tile_m = 128
+    elif tile_m is None:
         tall_tiles = -(-m // 128) * -(-n // tile_n)
         tall = MIN_BLOCKS[threads_for(128, tile_n)]
-        tile_m = 128 if tall_tiles >= 2 * sms * resident_blocks(128, tile_n, slice_k, stages, tall) else 64
+        tile_m = 128 if tall_tiles >= 2 * sms * resident_blocks(128, tile_n, slice_k, stages, tall, mma) else 64
     tile_m = int(tile_m)
     threads = threads_for(tile_m, tile_n)
     min_blocks = int(request.option("min_blocks") or MIN_BLOCKS[threads])
-    wave = sms * resident_blocks(tile_m, tile_n, slice_k, stages, min_blocks)
+    wave = sms * resident_blocks(tile_m, tile_n, slice_k, stages, min_blocks, mma)
     slices = -(-k // slice_k)
     split = int(request.option("split_k") or choose_split(m, n, tile_m, tile_n, slices, wave, sms))
     split = max(1, min(split, slices, MAX_GRID_YZ))
     split = -(-slices // -(-slices // split))  # no split left without a slice
     spec = Spec("f32", m, k, n, tile_m, tile_n, slice_k, stages, split, min_blocks,
-                widest_vector(k, 4), widest_vector(n, 4), request.bias, request.relu)
+                widest_vector(k, 4), widest_vector(n, 4), request.bias, request.relu, mma)
     blocks = spec.tiles * split
-    reason = (f"{tile_m}x{tile_n} tiles of Y on 3xTF32 tensor cores (W densified, "
+    how = "3xTF32" if mma == "tf32x3" else "3xFP16 (scaled rows and columns)"
+    if big and mma == "f16x3" and request.option("mma") is None:
+        how += f", taken from {F16X3_MIN_FLOP / 1e9:g} GFLOP of dense work at n >= {F16X3_MIN_N}"
+    reason = (f"{tile_m}x{tile_n} tiles of Y on {how} tensor cores (W densified, "
               f"{4 * m * k / 1e6:.1f} MB), K in slices of {slice_k}, {stages} in flight")
     if split > 1:
         reason += (f"; K split {split} ways ({spec.tiles} tiles alone for {sms} SMs): {blocks} blocks, "
@@ -162,7 +204,9 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
 
 
 def _check_options(request: Request) -> str | None:
-    tile_m, tile_n, split_k, stages, min_blocks = (request.option(o) for o in OPTIONS)
+    tile_m, tile_n, split_k, stages, min_blocks, mma = (request.option(o) for o in OPTIONS)
+    if mma is not None and mma not in MMAS:
+        return f"option mma={mma!r}: expected one of {', '.join(MMAS)}"
     for name, value, allowed in (("tile_m", tile_m, TILE_MS), ("tile_n", tile_n, TILE_NS)):
         if value is not None and value not in allowed:
             return f"option {name}={value}: expected one of {', '.join(map(str, allowed))}"
@@ -207,11 +251,13 @@ RULES = (Rule("dense_tile_spmm", FAMILY, _rule),)
 
 
 def encoding(spec: Spec) -> tuple:
-    """The spec fields the encoding reads: the dense float32 W serves every n and tile."""
-    return ("float32",)
+    """The spec fields the encoding reads: the dense float32 W (or its fp16 planes) serves every n and tile."""
+    return ("float32",) if spec.mma == "tf32x3" else ("f16x3",)
 
 
 def encode_format(csr, spec: Spec, bias=None):
+    if spec.mma == "f16x3":
+        return FORMAT.encode_split_f16(csr, bias)
     return FORMAT.encode(csr, "float32", bias)
 
 
@@ -229,7 +275,8 @@ def encode(csr, spec: Spec, bias=None):
 
 
 def arguments(spec: Spec) -> tuple[Arg, ...]:
-    args = [Arg("w", "plan"), Arg("x", "input")]
+    planes = ("w_hi", "w_lo", "w_inv") if spec.mma == "f16x3" else ("w",)
+    args = [*(Arg(p, "plan") for p in planes), Arg("x", "input")]
     if spec.bias:
         args.append(Arg("bias", "plan"))
     args.append(Arg("y", "output"))
@@ -253,5 +300,8 @@ def alignment(spec: Spec) -> int:
 
 
 def emulate(spec: Spec, plan, inputs: dict):
-    """W·X in float64 rounded to float32 (3xTF32 carries about fp32's precision), then bias, ReLU."""
+    """tf32x3: W·X in float64 rounded to float32 (3xTF32 carries about fp32's precision), then bias, ReLU.
+    f16x3: the kernel's split of both operands and its three products per slice, summed in float64."""
+    if spec.mma == "f16x3":
+        return FORMAT.spmm_split_f16(plan, inputs["x"], slice_k=spec.slice_k, bias=spec.bias, relu=spec.relu)
     return FORMAT.spmm(plan, inputs["x"], bias=spec.bias, relu=spec.relu)

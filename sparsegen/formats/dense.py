@@ -42,3 +42,87 @@ def spmm(plan: Plan, x, *, bias: bool, relu: bool) -> np.ndarray:
     if relu:
         np.maximum(y, 0.0, out=y)
     return y.astype(np.float16) if dtype == "float16" else y
+
+
+# ---- float32 W as two fp16 planes (dense_tile_spmm's 3xFP16 products) ---------------------------
+SPLIT_ROW_MAX_EXP = 15  # each row of W is scaled by a power of two to a largest magnitude in [2^14, 2^15)
+SPLIT_K_ALIGN = 8  # the planes' rows are padded with zeros to a multiple of 8 halves: 16-byte copies
+
+
+def row_scale_exponents(csr) -> np.ndarray:
+    """Per row the s with max |w| 2^s in [2^14, 2^15) (0 for an empty row), clamped to [-126, 126] so
+    that 2^s and 2^-s are normal float32 numbers."""
+    m = int(csr.shape[0])
+    nnz = int(csr.nnz)
+    rows = np.repeat(np.arange(m, dtype=np.int64), np.diff(np.asarray(csr.indptr, dtype=np.int64)))
+    row_max = np.zeros(m, dtype=np.float64)
+    np.maximum.at(row_max, rows, np.abs(np.asarray(csr.data[:nnz], dtype=np.float64)))
+    _, exponent = np.frexp(row_max)  # row_max in [2^(e-1), 2^e)
+    s = np.where(row_max > 0, SPLIT_ROW_MAX_EXP - exponent, 0)
+    return np.clip(s, -126, 126).astype(np.int32)
+
+
+def encode_split_f16(csr, bias=None) -> Plan:
+    """W for 3xFP16 tensor-core products: each row scaled by 2^s (row_scale_exponents), then split
+    into w_hi = fp16(w 2^s) and w_lo = fp16(w 2^s - w_hi), both M x K_PAD uint16 bit patterns (about
+    22 significant bits between them, as 3xTF32 keeps); `w_inv` holds 2^-s per row (float32, exact),
+    which the kernel multiplies into each row's sums. The scale keeps a row's values inside fp16's range
+    and its large ones normal: a value below 2^-24 of its row's largest loses bits, at most 2^-39 of
+    that largest in absolute terms."""
+    m, k = (int(d) for d in csr.shape)
+    nnz = int(csr.nnz)
+    k_pad = -(-max(k, 1) // SPLIT_K_ALIGN) * SPLIT_K_ALIGN
+    s = row_scale_exponents(csr)
+    rows = np.repeat(np.arange(m, dtype=np.int64), np.diff(np.asarray(csr.indptr, dtype=np.int64)))
+    scaled = np.ldexp(np.asarray(csr.data[:nnz], dtype=np.float64), s[rows])  # exact: a power of two
+    hi = scaled.astype(np.float16)
+    lo = (scaled - hi.astype(np.float64)).astype(np.float16)  # the remainder is exact in float64
+    cols = np.asarray(csr.indices[:nnz], dtype=np.int64)
+    w_hi = np.zeros((m, k_pad), dtype=np.uint16)
+    w_lo = np.zeros((m, k_pad), dtype=np.uint16)
+    w_hi[rows, cols] = hi.view(np.uint16)
+    w_lo[rows, cols] = lo.view(np.uint16)
+    arrays = {"w_hi": w_hi, "w_lo": w_lo, "w_inv": np.ldexp(np.ones(m, dtype=np.float32), -s).astype(np.float32)}
+    if bias is not None:
+        arrays["bias"] = np.ascontiguousarray(bias, dtype=np.float32)
+    return Plan("dense_f16x3", arrays, {"m": m, "k": k, "k_pad": k_pad, "dtype": "float32"})
+
+
+def split_columns_f16(x, slice_k: int):
+    """X (K x N float32) as the 3xFP16 kernel splits it: per slice of `slice_k` rows and per column, a
+    power of two brings the largest magnitude into [2^14, 2^15) (as for W's rows); returns (hi, lo,
+    inv) with hi, lo (slices, slice_k, N) float64 holding fp16 values and inv (slices, 1, N) the 2^-s."""
+    x = np.asarray(x, dtype=np.float32)
+    k, n = x.shape
+    slices = -(-k // slice_k)
+    padded = np.zeros((slices * slice_k, n), dtype=np.float32)
+    padded[:k] = x
+    blocks = padded.reshape(slices, slice_k, n)
+    col_max = np.abs(blocks).max(axis=1, keepdims=True).astype(np.float64)
+    _, exponent = np.frexp(col_max)
+    s = np.clip(np.where(col_max > 0, SPLIT_ROW_MAX_EXP - exponent, 126), -126, 126)
+    scaled = (blocks * np.ldexp(np.float32(1.0), s).astype(np.float32)).astype(np.float32)  # fp32, as the kernel
+    hi = scaled.astype(np.float16).astype(np.float32)
+    lo = (scaled - hi).astype(np.float16)  # the fp32 remainder is exact
+    return hi.astype(np.float64), lo.astype(np.float64), np.ldexp(1.0, -s)
+
+
+def spmm_split_f16(plan: Plan, x, *, slice_k: int, bias: bool, relu: bool) -> np.ndarray:
+    """Y as the 3xFP16 kernel computes it: per slice, w_lo x_hi + w_hi x_lo + w_hi x_hi (the lo lo term
+    dropped) scaled back by X's per-slice column factors, then by W's row factors; float64 sums."""
+    k = plan.constants["k"]
+    w_hi = plan.arrays["w_hi"][:, :k].view(np.float16).astype(np.float64)
+    w_lo = plan.arrays["w_lo"][:, :k].view(np.float16).astype(np.float64)
+    x_hi, x_lo, inv = split_columns_f16(x, slice_k)
+    slices = x_hi.shape[0]
+    pad = slices * slice_k - k
+    w_hi = np.pad(w_hi, ((0, 0), (0, pad))).reshape(w_hi.shape[0], slices, slice_k)
+    w_lo = np.pad(w_lo, ((0, 0), (0, pad))).reshape(w_lo.shape[0], slices, slice_k)
+    parts = (np.einsum("msk,skn->smn", w_lo, x_hi) + np.einsum("msk,skn->smn", w_hi, x_lo)
+             + np.einsum("msk,skn->smn", w_hi, x_hi))
+    y = (parts * inv).sum(axis=0) * plan.arrays["w_inv"].astype(np.float64)[:, None]
+    if bias:
+        y = y + plan.arrays["bias"][:, None]
+    if relu:
+        y = np.maximum(y, 0.0)
+    return y.astype(np.float32)
