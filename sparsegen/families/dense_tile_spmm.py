@@ -190,11 +190,12 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     spec = Spec("f32", m, k, n, tile_m, tile_n, slice_k, stages, split, min_blocks,
                 widest_vector(k, 4), widest_vector(n, 4), request.bias, request.relu, mma)
     blocks = spec.tiles * split
-    how = "3xTF32" if mma == "tf32x3" else "3xFP16 (scaled rows and columns)"
-    if big and mma == "f16x3" and request.option("mma") is None:
-        how += f", taken from {F16X3_MIN_FLOP / 1e9:g} GFLOP of dense work at n >= {F16X3_MIN_N}"
-    reason = (f"{tile_m}x{tile_n} tiles of Y on {how} tensor cores (W densified, "
-              f"{4 * m * k / 1e6:.1f} MB), K in slices of {slice_k}, {stages} in flight")
+    how = "3xTF32 tensor cores" if mma == "tf32x3" else "3xFP16 tensor cores (rows and columns scaled into fp16's range"
+    if mma == "f16x3":
+        auto = big and request.option("mma") is None
+        how += f"; taken from {F16X3_MIN_FLOP / 1e9:g} GFLOP of dense work at n >= {F16X3_MIN_N})" if auto else ")"
+    reason = (f"{tile_m}x{tile_n} tiles of Y on {how}, W densified ({4 * m * k / 1e6:.1f} MB), "
+              f"K in slices of {slice_k}, {stages} in flight")
     if split > 1:
         reason += (f"; K split {split} ways ({spec.tiles} tiles alone for {sms} SMs): {blocks} blocks, "
                    f"sums meet in an fp32 workspace")
