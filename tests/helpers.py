@@ -77,6 +77,7 @@ def torch_cuda(why: str):
 def without_tensor_cores(monkeypatch):
     """The fp32 cost model never picks dense_tile_spmm: for tests of the CSR families' and the SGEMM
     fallback's own rules on layers dense enough that the tensor-core kernel would take them."""
-    from sparsegen.families import fp32_cost
+    from sparsegen.families import dense_tile_spmm, fp32_cost
 
     monkeypatch.setattr(fp32_cost, "TENSOR_MARGIN", float("inf"))
+    monkeypatch.setattr(dense_tile_spmm, "PANEL_NARROW_N", 0)  # nor where panel_spmm would serve n <= 128

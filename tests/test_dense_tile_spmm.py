@@ -156,6 +156,17 @@ def test_emulator_matches_scipy(m, k, n, density, epilogue, seed, mma):
     assert rel_error(y, ref) <= TOL["float32"] or term_error(y, ref, a, x, bias) <= 1e-6
 
 
+def test_taken_where_panel_spmm_would_serve_narrow_n(monkeypatch):
+    layer = analyze(random_csr(512, 4608, 0.2, seed=14))  # DLMC rn50 bottleneck: the CSR line says CSR
+    sel = select(layer, op="spmm", n=32)
+    assert sel.spec.family == fam.FAMILY and "where panel_spmm would serve n <= 128" in sel.reason
+    assert any(r == "panel_spmm" for r, _, _ in sel.candidates)
+    assert select(analyze(random_csr(512, 4608, 0.1, seed=14)), op="spmm", n=32).spec.family == "sputnik_spmm"
+    monkeypatch.setattr(fam, "PANEL_NARROW_N", 0)
+    monkeypatch.setattr(fp32_cost, "TENSOR_MARGIN", float("inf"))
+    assert select(layer, op="spmm", n=32).spec.family == "panel_spmm"
+
+
 # ---- 3xFP16 --------------------------------------------------------------------------------------
 
 def test_f16x3_taken_for_big_products_at_wide_n_only():

@@ -205,6 +205,12 @@ def _outside_measured(stats, request: Request):
     return None
 
 
+def serves_by_default(stats, request: Request) -> bool:
+    """True where this family's rule takes a request unforced (its measured region): dense_tile_spmm
+    asks, as it takes fp32 requests at n <= NARROW_N from this kernel."""
+    return spmm_gate(stats, request) is None and _outside_measured(stats, request) is None
+
+
 def _rule(stats, request: Request):
     gate = spmm_gate(stats, request)
     if gate:
