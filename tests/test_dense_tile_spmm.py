@@ -175,10 +175,13 @@ def test_f16x3_taken_for_big_products_at_wide_n_only():
     assert (s.mma, s.tile_m, s.tile_n, s.threads, s.min_blocks) == ("f16x3", 128, 64, 256, 2)
     assert s.name.endswith(".mb2.h3") and "3xFP16" in decide(big, 256).reason
     assert spec_for(big, 128).mma == "tf32x3"  # n < 256
-    assert spec_for(random_csr(512, 2048, 0.3, seed=11), 512).mma == "tf32x3"  # 1.07 GFLOP
+    assert spec_for(random_csr(512, 2048, 0.3, seed=11), 256).mma == "tf32x3"  # 0.54 GFLOP
+    assert spec_for(random_csr(512, 2048, 0.3, seed=11), 512).mma == "f16x3"  # 1.07 GFLOP
     assert spec_for(big, 128, mma="f16x3").mma == "f16x3" and spec_for(big, 256, mma="tf32x3").tile_m == 64
     d = decide(big, 256, mma="f32")
     assert d.spec is None and "option mma='f32'" in d.reason
+    d = decide(big, 256, mma="f16x3", stages=2)
+    assert d.spec is None and "a slice ahead" in d.reason
 
 
 def test_f16x3_encoding_scales_rows_and_splits_them_exactly():
@@ -205,7 +208,7 @@ def test_f16x3_encoding_scales_rows_and_splits_them_exactly():
 def test_f16x3_source_splits_x_per_slice_and_uses_fp16_mma():
     src = render(spec_for(random_csr(2048, 2048, 0.3, seed=13), 256))
     for text in ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "constexpr int K_PAD = 2048;",
-                 "split_x(smem + (s % STAGES) * STAGE_FLOATS, x2, col_inv);", "const int s = min(max(141 - biased, -126), 126);",
+                 "split_x(x_ring + ((s + 1) % X_STAGES) * X_STAGE_FLOATS, split_ring + ((s + 1) & 1) * SPLIT_WORDS);", "const int s = min(max(141 - biased, -126), 126);",
                  "inv.x * row_inv[mf][h]", "const uint16_t* __restrict__ w_hi", "#include <cuda_fp16.h>"):
         assert text in src, text
     assert "tf32" not in src.split("extern \"C\"")[0].split("---- constants")[1].split("float32 accuracy on FP16")[0]

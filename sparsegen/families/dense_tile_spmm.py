@@ -14,11 +14,11 @@ magnitude of its terms (|W| |X|) it stays under 1e-6 (tests/test_gpu_dense_tile_
 3xFP16 (`mma="f16x3"`, spec suffix `.h3`): the same three products on FP16 tensor cores, twice
 TF32's rate. fp16's range is narrow, so W's rows are scaled by powers of two when W is encoded (each
 row's largest value into [2^14, 2^15), its hi and lo planes stored as fp16) and X's columns per slice
-of K in the kernel, after the slice lands; the sums are scaled back per slice in fp32, so X and W
-anywhere in float32's range keep the accuracy of 3xTF32. Taken for >= 2 GFLOP of dense work at
-n >= 256, in 128 x 64 tiles: 1.01-1.16x faster than 3xTF32 there. Smaller products do not gain (the
-kernel is bound by its slice pipeline, not the tensor cores: 3xFP16 halves the mma and still runs
-0.79-0.95x below 1.2 GFLOP, the split of X a step of its own), nor does n <= 128.
+of K in the kernel, a slice ahead of the multiply (one barrier a slice); the sums are scaled back per
+slice in fp32, so X and W anywhere in float32's range keep the accuracy of 3xTF32. Taken for >= 1
+GFLOP of dense work at n >= 256, in 128 x 64 tiles: 1.02-1.23x faster than 3xTF32 there. Smaller
+products do not gain (the kernel is bound by its slice pipeline, not the tensor cores: 3xFP16 halves
+the mma and still runs 0.77-0.95x below 1 GFLOP), nor does n <= 128.
 
 A block owns a `tile_m` × `tile_n` tile of Y, a warp 32 × 32 of it; K is walked in slices of
 `slice_k`, `stages` in flight (cp.async, zero-filled past the matrix). Where the tiles alone would
@@ -59,10 +59,11 @@ OPTIONS = ("tile_m", "tile_n", "split_k", "stages", "min_blocks", "mma")
 MMAS = ("tf32x3", "f16x3")  # three TF32 products per product, or three FP16 ones on scaled operands
 DEFAULT_MMA = "tf32x3"
 # 3xFP16 in 128 x 64 tiles (two blocks of 256 threads per SM) from this much dense work at n >= 256: in
-# the H100 sweep (probes/spmm_sweep_dense_tile_f16x3_tiles.txt) 1.01-1.16x faster than 3xTF32's 64 x 64
-# tiles from 2.1 GFLOP (23 cases), a tie at 1.2 (0.98-1.00x), slower below (0.79-0.95x); with 3xTF32,
-# 128-row tiles were 0.89-0.95x. Not at n <= 128: 64-row 3xFP16 tiles there ran 0.77-0.90x.
-F16X3_MIN_FLOP = 2e9
+# the H100 sweeps of the split-ahead kernel (probes/spmm_sweep_dense_tile_f16x3_ahead.txt) 1.02-1.05x
+# faster than 3xTF32's 64 x 64 tiles at 1.05-1.21 GFLOP (10 cases), 1.07-1.23x from 2.1 GFLOP (27),
+# slower below (0.77-0.92x at 0.54); with 3xTF32, 128-row tiles were 0.89-0.95x
+# (probes/spmm_sweep_dense_tile_f16x3_tiles.txt). Not at n <= 128, nor in 64 x 64 tiles: 0.91-0.95x.
+F16X3_MIN_FLOP = 1e9
 F16X3_MIN_N = 256
 # Where panel_spmm would serve a request at n <= 128 (>= 15 % density, <= 1024 rows, K >= 2048), this
 # kernel is taken whatever the cost model says: on all 74 DLMC matrices at n = 32 and 128
@@ -141,14 +142,15 @@ def threads_for(tile_m: int, tile_n: int) -> int:
 
 def shared_bytes(tile_m: int, tile_n: int, slice_k: int, stages: int, mma: str = DEFAULT_MMA) -> int:
     """tf32x3: `stages` stages of W's tile_m rows (slice_k + 4 floats apart) and X's slice_k rows (tile_n +
-    8). f16x3: stages of W's two fp16 planes (slice_k + 8 halves apart) and X's float32 rows (tile_n +
-    32 / warps along M), then X's split slice (two sets of slice_k / 2 word rows, tile_n + 8 apart, 16
-    words between them) and tile_n column scales."""
+    8). f16x3: `stages` stages of W's two fp16 planes (slice_k + 8 halves apart), `stages` - 1 of X's
+    float32 rows (tile_n + 32 / warps along M), and two of X's split slice (two sets of slice_k / 2 word
+    rows, tile_n + 8 apart, 16 words between them, then tile_n column scales)."""
     if mma == "f16x3":
         warps_m = tile_m // WARP_TILE
-        stage = 2 * 2 * tile_m * (slice_k + 8) + 4 * slice_k * (tile_n + 32 // warps_m)
+        w_stage = 2 * 2 * tile_m * (slice_k + 8)
+        x_stage = 4 * slice_k * (tile_n + 32 // warps_m)
         split = 4 * (2 * (slice_k // 2) * (tile_n + 8) + 16) + 4 * tile_n
-        return stages * stage + split
+        return stages * w_stage + (stages - 1) * x_stage + 2 * split
     return 4 * stages * (tile_m * (slice_k + 4) + slice_k * (tile_n + 8))
 
 
@@ -176,7 +178,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     n = request.n
     sms = sm_count(request.arch)
     slice_k, stages = SLICE_K, int(request.option("stages") or STAGES)
-    big = n >= F16X3_MIN_N and 2.0 * m * k * n >= F16X3_MIN_FLOP
+    big = n >= F16X3_MIN_N and 2.0 * m * k * n >= F16X3_MIN_FLOP and stages >= 3  # f16x3 splits a slice ahead
     mma = request.option("mma") or ("f16x3" if big else DEFAULT_MMA)
     tile_n = int(request.option("tile_n") or (32 if n <= 32 else 64))
     tile_m = request.option("tile_m")
@@ -222,6 +224,8 @@ def _check_options(request: Request) -> str | None:
         return f"option split_k={split_k!r}: expected a positive integer"
     if stages is not None and stages not in (2, 3, 4):
         return f"option stages={stages}: expected 2, 3 or 4"
+    if stages == 2 and mma == "f16x3":
+        return "option stages=2 with mma='f16x3': its split runs a slice ahead, 3 or 4 stages"
     if min_blocks is not None and min_blocks not in (1, 2, 3, 4, 5, 6, 8):
         return f"option min_blocks={min_blocks}: expected 1-6 or 8 (resident blocks per SM asked of nvcc)"
     return None
