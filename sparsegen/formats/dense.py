@@ -49,14 +49,11 @@ SPLIT_ROW_MAX_EXP = 15  # each row of W is scaled by a power of two to a largest
 SPLIT_K_ALIGN = 8  # the planes' rows are padded with zeros to a multiple of 8 halves: 16-byte copies
 
 
-def row_scale_exponents(csr) -> np.ndarray:
+def row_scale_exponents(csr, rows) -> np.ndarray:
     """Per row the s with max |w| 2^s in [2^14, 2^15) (0 for an empty row), clamped to [-126, 126] so
-    that 2^s and 2^-s are normal float32 numbers."""
-    m = int(csr.shape[0])
-    nnz = int(csr.nnz)
-    rows = np.repeat(np.arange(m, dtype=np.int64), np.diff(np.asarray(csr.indptr, dtype=np.int64)))
-    row_max = np.zeros(m, dtype=np.float64)
-    np.maximum.at(row_max, rows, np.abs(np.asarray(csr.data[:nnz], dtype=np.float64)))
+    that 2^s and 2^-s are normal float32 numbers; `rows` holds each stored entry's row."""
+    row_max = np.zeros(int(csr.shape[0]), dtype=np.float64)
+    np.maximum.at(row_max, rows, np.abs(np.asarray(csr.data[:int(csr.nnz)], dtype=np.float64)))
     _, exponent = np.frexp(row_max)  # row_max in [2^(e-1), 2^e)
     s = np.where(row_max > 0, SPLIT_ROW_MAX_EXP - exponent, 0)
     return np.clip(s, -126, 126).astype(np.int32)
@@ -72,8 +69,8 @@ def encode_split_f16(csr, bias=None) -> Plan:
     m, k = (int(d) for d in csr.shape)
     nnz = int(csr.nnz)
     k_pad = -(-max(k, 1) // SPLIT_K_ALIGN) * SPLIT_K_ALIGN
-    s = row_scale_exponents(csr)
     rows = np.repeat(np.arange(m, dtype=np.int64), np.diff(np.asarray(csr.indptr, dtype=np.int64)))
+    s = row_scale_exponents(csr, rows)
     scaled = np.ldexp(np.asarray(csr.data[:nnz], dtype=np.float64), s[rows])  # exact: a power of two
     hi = scaled.astype(np.float16)
     lo = (scaled - hi.astype(np.float64)).astype(np.float16)  # the remainder is exact in float64
@@ -109,18 +106,19 @@ def split_columns_f16(x, slice_k: int):
 
 def spmm_split_f16(plan: Plan, x, *, slice_k: int, bias: bool, relu: bool) -> np.ndarray:
     """Y as the 3xFP16 kernel computes it: per slice, w_lo x_hi + w_hi x_lo + w_hi x_hi (the lo lo term
-    dropped) scaled back by X's per-slice column factors, then by W's row factors; float64 sums."""
+    dropped) scaled back by X's per-slice column factors, then by W's row factors; float64 sums. One
+    slice of K at a time (a loop over K / slice_k, each step whole matrix products), so the emulator
+    holds M x N sums, not one per slice."""
     k = plan.constants["k"]
-    w_hi = plan.arrays["w_hi"][:, :k].view(np.float16).astype(np.float64)
-    w_lo = plan.arrays["w_lo"][:, :k].view(np.float16).astype(np.float64)
     x_hi, x_lo, inv = split_columns_f16(x, slice_k)
-    slices = x_hi.shape[0]
-    pad = slices * slice_k - k
-    w_hi = np.pad(w_hi, ((0, 0), (0, pad))).reshape(w_hi.shape[0], slices, slice_k)
-    w_lo = np.pad(w_lo, ((0, 0), (0, pad))).reshape(w_lo.shape[0], slices, slice_k)
-    parts = (np.einsum("msk,skn->smn", w_lo, x_hi) + np.einsum("msk,skn->smn", w_hi, x_lo)
-             + np.einsum("msk,skn->smn", w_hi, x_hi))
-    y = (parts * inv).sum(axis=0) * plan.arrays["w_inv"].astype(np.float64)[:, None]
+    y = np.zeros((plan.arrays["w_hi"].shape[0], x_hi.shape[2]), dtype=np.float64)
+    for i in range(x_hi.shape[0]):
+        k0, k1 = i * slice_k, min(k, (i + 1) * slice_k)
+        w_hi = plan.arrays["w_hi"][:, k0:k1].view(np.float16).astype(np.float64)
+        w_lo = plan.arrays["w_lo"][:, k0:k1].view(np.float16).astype(np.float64)
+        xh, xl = x_hi[i, :k1 - k0], x_lo[i, :k1 - k0]
+        y += (w_lo @ xh + w_hi @ xl + w_hi @ xh) * inv[i]
+    y *= plan.arrays["w_inv"].astype(np.float64)[:, None]
     if bias:
         y = y + plan.arrays["bias"][:, None]
     if relu:
