@@ -129,7 +129,7 @@ class Spec(KernelSpec):
     def fields(self) -> dict:
         d = super().fields()
         d.update(threads=self.threads, slices=self.slices, slices_per_split=self.slices_per_split, tiles=self.tiles,
-                 k_pad=self.k_pad)
+                 k_pad=self.k_pad, shared_bytes=self.shared_bytes)
         return d
 
     def to_dict(self) -> dict:
