@@ -124,7 +124,7 @@ class Spec(KernelSpec):
     @property
     def k_pad(self) -> int:
         """The f16x3 planes' row length: K padded to whole 16-byte copies."""
-        return -(-self.k // FORMAT.SPLIT_K_ALIGN) * FORMAT.SPLIT_K_ALIGN
+        return FORMAT.split_row_length(self.k)
 
     def fields(self) -> dict:
         d = super().fields()
@@ -199,10 +199,12 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     spec = Spec("f32", m, k, n, tile_m, tile_n, slice_k, stages, split, min_blocks,
                 widest_vector(k, 4), widest_vector(n, 4), request.bias, request.relu, mma)
     blocks = spec.tiles * split
-    how = "3xTF32 tensor cores" if mma == "tf32x3" else "3xFP16 tensor cores (rows and columns scaled into fp16's range"
-    if mma == "f16x3":
-        auto = big and request.option("mma") is None
-        how += f"; taken from {F16X3_MIN_FLOP / 1e9:g} GFLOP of dense work at n >= {F16X3_MIN_N})" if auto else ")"
+    if mma == "tf32x3":
+        how = "3xTF32 tensor cores"
+    else:
+        taken = (f"; taken from {F16X3_MIN_FLOP / 1e9:g} GFLOP of dense work at n >= {F16X3_MIN_N}"
+                 if big and request.option("mma") is None else "")
+        how = f"3xFP16 tensor cores (rows and columns scaled into fp16's range{taken})"
     reason = (f"{tile_m}x{tile_n} tiles of Y on {how}, W densified ({4 * m * k / 1e6:.1f} MB), "
               f"K in slices of {slice_k}, {stages} in flight")
     if split > 1:

@@ -49,14 +49,26 @@ SPLIT_ROW_MAX_EXP = 15  # each row of W is scaled by a power of two to a largest
 SPLIT_K_ALIGN = 8  # the planes' rows are padded with zeros to a multiple of 8 halves: 16-byte copies
 
 
+def split_row_length(k: int) -> int:
+    """The planes' row length: K padded to whole 16-byte copies."""
+    return -(-max(k, 1) // SPLIT_K_ALIGN) * SPLIT_K_ALIGN
+
+
+def scale_exponents(largest, empty: int) -> np.ndarray:
+    """Per largest magnitude the s with largest 2^s in [2^14, 2^15) (`empty` where it is 0), clamped to
+    [-126, 126] so that 2^s and 2^-s are normal float32 numbers: the rule for W's rows here and for X's
+    columns per slice in the kernel (its `141 - biased exponent`)."""
+    largest = np.asarray(largest, dtype=np.float64)
+    _, exponent = np.frexp(largest)  # largest in [2^(e-1), 2^e)
+    return np.clip(np.where(largest > 0, SPLIT_ROW_MAX_EXP - exponent, empty), -126, 126).astype(np.int32)
+
+
 def row_scale_exponents(csr, rows) -> np.ndarray:
-    """Per row the s with max |w| 2^s in [2^14, 2^15) (0 for an empty row), clamped to [-126, 126] so
-    that 2^s and 2^-s are normal float32 numbers; `rows` holds each stored entry's row."""
+    """scale_exponents of each row's largest magnitude, 0 for an empty row; `rows` holds each stored
+    entry's row."""
     row_max = np.zeros(int(csr.shape[0]), dtype=np.float64)
     np.maximum.at(row_max, rows, np.abs(np.asarray(csr.data[:int(csr.nnz)], dtype=np.float64)))
-    _, exponent = np.frexp(row_max)  # row_max in [2^(e-1), 2^e)
-    s = np.where(row_max > 0, SPLIT_ROW_MAX_EXP - exponent, 0)
-    return np.clip(s, -126, 126).astype(np.int32)
+    return scale_exponents(row_max, 0)
 
 
 def encode_split_f16(csr, bias=None) -> Plan:
@@ -68,7 +80,7 @@ def encode_split_f16(csr, bias=None) -> Plan:
     that largest in absolute terms."""
     m, k = (int(d) for d in csr.shape)
     nnz = int(csr.nnz)
-    k_pad = -(-max(k, 1) // SPLIT_K_ALIGN) * SPLIT_K_ALIGN
+    k_pad = split_row_length(k)
     rows = np.repeat(np.arange(m, dtype=np.int64), np.diff(np.asarray(csr.indptr, dtype=np.int64)))
     s = row_scale_exponents(csr, rows)
     scaled = np.ldexp(np.asarray(csr.data[:nnz], dtype=np.float64), s[rows])  # exact: a power of two
@@ -95,9 +107,7 @@ def split_columns_f16(x, slice_k: int):
     padded = np.zeros((slices * slice_k, n), dtype=np.float32)
     padded[:k] = x
     blocks = padded.reshape(slices, slice_k, n)
-    col_max = np.abs(blocks).max(axis=1, keepdims=True).astype(np.float64)
-    _, exponent = np.frexp(col_max)
-    s = np.clip(np.where(col_max > 0, SPLIT_ROW_MAX_EXP - exponent, 126), -126, 126)
+    s = scale_exponents(np.abs(blocks).max(axis=1, keepdims=True), 126)  # an all-zero column: as the kernel
     scaled = (blocks * np.ldexp(np.float32(1.0), s).astype(np.float32)).astype(np.float32)  # fp32, as the kernel
     hi = scaled.astype(np.float16).astype(np.float32)
     lo = (scaled - hi).astype(np.float16)  # the fp32 remainder is exact
