@@ -39,6 +39,15 @@ def test_dense_patterns_at_short_k_need_more_fill_and_a_tile_per_sm():
     assert sel.spec.family == fam.FAMILY and "fill of the nonempty tiles 50% >= 33% at k=32" in sel.reason
 
 
+@pytest.mark.parametrize("m,n,density,k,needle", [
+    (512, 2048, 0.26, 128, "fill of the nonempty tiles 26% >= 25% at k=128"),  # about a tile per SM
+    (4096, 4096, 0.2, 256, "fill of the nonempty tiles 20% >= 19% at k=256"),  # 15.5 tiles per SM
+])
+def test_long_k_takes_lower_fill_on_larger_grids(m, n, density, k, needle):
+    sel = pick(random_csr(m, n, density, seed=2), k)
+    assert sel.spec.family == fam.FAMILY and needle in sel.reason
+
+
 def test_short_k_takes_whole_tiles_from_28_percent_on_large_grids():
     sel = pick(random_csr(1000, 2048, 0.3, seed=4), 32)  # 256 tiles: 1.9 per SM
     assert sel.spec.family == fam.FAMILY and ">= 28% at k=32" in sel.reason and "1.9 per SM" in sel.reason
@@ -46,10 +55,13 @@ def test_short_k_takes_whole_tiles_from_28_percent_on_large_grids():
 
 @pytest.mark.parametrize("m,n,density,k,needle", [
     (512, 2048, 0.5, 16, "k=16 < 32"),
-    (512, 2048, 0.2, 256, "fill of the nonempty tiles 20.0% < 28% at k=256"),
+    (512, 2048, 0.15, 256, "fill of the nonempty tiles 15.0% < 19% at k=256"),
+    (512, 2048, 0.2, 256, "128 tiles of 128x64 for 132 SMs at 20% fill (< 3.0 per SM from 19% fill at k=256)"),
+    (512, 4608, 0.2, 128, "288 tiles of 128x64 for 132 SMs at 20% fill (< 3.0 per SM from 19% fill at k=128)"),
     (512, 2048, 0.25, 64, "fill of the nonempty tiles 25.0% < 28% at k=64"),
     (512, 2048, 0.3, 64, "128 tiles of 128x64 for 132 SMs at 30% fill (< 1.5 per SM from 28% fill at k=64)"),
-    (512, 512, 0.5, 256, "32 tiles of 128x64 for 132 SMs at 50% fill (< 0.5 per SM from 28% fill at k=256)"),
+    (512, 512, 0.5, 256, "32 tiles of 128x64 for 132 SMs at 50% fill (< 0.5 per SM from 28% fill or 0.9 per SM from "
+                         "25% fill or 3.0 per SM from 19% fill at k=256)"),
     (256, 2304, 0.5, 32, "72 tiles of 128x64 for 132 SMs at 50% fill (< 0.9 per SM from 33% fill or 1.5 per SM "
                          "from 28% fill at k=32)"),
 ])

@@ -44,7 +44,14 @@ REGISTERS = 128  # per-thread register budget, through __launch_bounds__' minimu
 MIN_K = 32
 LONG_K = 128
 # (least fill of the nonempty tiles, least tiles per SM): a matrix qualifies by meeting either pair.
-LONG_K_BOUNDS = ((0.28, 0.5),)  # k >= LONG_K
+# Lower fill pays on grids of more tiles (probes/sddmm_sweep_f16x3_v1.txt, its family=auto and 3xTF32
+# columns): at 25 % fill with about a tile per SM (the 512 x 2048 l0 layer at 80 %, 128 tiles) 1.07-1.08x
+# at k = 128/256, as the 0.25-0.28 row above; at 20 % fill on the 4096^2 and 8192^2 squares (15 and 62
+# tiles per SM) 1.07-1.14x, where 2.2 tiles per SM (512 x 4608) still ran 0.83-0.89x and a tile per SM
+# (2048 x 512, 512 x 2048) 0.91-1.02x. 3 tiles per SM takes in the 2048^2 square (3.9), not in the
+# sweep: its tiles cost about what they cost at 30 % fill, which in dlmc.json ran 1.05-1.10x ahead of
+# the gather at 20 % (30.9 against 32.4 us at k = 128, 50.4 against 55.6 at 256).
+LONG_K_BOUNDS = ((0.28, 0.5), (0.25, 0.9), (0.19, 3.0))  # k >= LONG_K (the 80 % squares fill 19.995 %)
 # MIN_K <= k < LONG_K. The second pair: in the sweep after 4299f57 (probes/sddmm_sweep_crossover.txt)
 # 30 % fill at k = 32 ran 1.12-1.38x faster than sputnik_sddmm on grids of 1.9-31 tiles per SM (the
 # 1000 x 2048 layers, the 2048-8192 squares) and 0.92-0.97x on grids of 0.97.
