@@ -91,8 +91,11 @@ def test_cost_model_takes_tensor_cores_only_where_dense_and_ahead():
     assert fp32_cost.judge(sparse, 128).pick == "sparse"
     tiny = analyze(random_csr(64, 64, 0.5, seed=22))  # a small layer: the CSR kernels' shorter launch
     assert fp32_cost.judge(tiny, 8).pick == "sparse"
-    below = analyze(random_csr(8192, 8192, 0.14, seed=23))  # the slopes cross at 14.6 %
-    assert fp32_cost.judge(below, 1024).pick == "sparse"
+    below = analyze(random_csr(8192, 8192, 0.14, seed=23))  # 3xTF32's slope crosses the CSR line's at 14.6 %
+    assert fp32_cost.judge(below, 128).pick == "sparse" and fp32_cost.judge(below, 128).tensor_mma == "3xTF32"
+    v = fp32_cost.judge(below, 1024)  # 3xFP16 (n >= 256, >= 1 GFLOP) crosses at 11.5 %
+    assert v.pick == "tensor" and v.tensor_mma == "3xFP16" and "3xFP16 tensor cores" in v.text
+    assert fp32_cost.judge(analyze(random_csr(8192, 8192, 0.10, seed=23)), 1024).pick == "sparse"
 
 
 def test_default_selection_and_its_reason():

@@ -170,6 +170,12 @@ def choose_split(m: int, n: int, tile_m: int, tile_n: int, slices: int, wave: in
     return max(1, min(wave // tiles, slices // least))
 
 
+def takes_f16x3(m: int, k: int, n: int, stages: int = STAGES) -> bool:
+    """Whether the default choice multiplies with 3xFP16: >= F16X3_MIN_FLOP of dense work at n >=
+    F16X3_MIN_N (and a pipeline deep enough for its split a slice ahead)."""
+    return n >= F16X3_MIN_N and 2.0 * m * k * n >= F16X3_MIN_FLOP and stages >= 3
+
+
 def choose(stats, request: Request) -> tuple[Spec, str]:
     """64 x 64 tiles (four warps; 64 x 32 for n <= 32); 128 rows where the tiles still fill two waves; K
     split to fill one. 3xTF32, but 3xFP16 in 128 x 64 tiles for >= F16X3_MIN_FLOP of dense work at n >=
@@ -178,7 +184,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     n = request.n
     sms = sm_count(request.arch)
     slice_k, stages = SLICE_K, int(request.option("stages") or STAGES)
-    big = n >= F16X3_MIN_N and 2.0 * m * k * n >= F16X3_MIN_FLOP and stages >= 3  # f16x3 splits a slice ahead
+    big = takes_f16x3(m, k, n, stages)
     mma = request.option("mma") or ("f16x3" if big else DEFAULT_MMA)
     tile_n = int(request.option("tile_n") or (32 if n <= 32 else 64))
     tile_m = request.option("tile_m")

@@ -8,6 +8,7 @@ one X row fetched per nonzero. Three lines, least squares on log time:
     CSR kernels (the one selected):        7.80 us + 2 nnz n / 7.76 TFLOP/s
     cuBLAS SGEMM of the densified W:      12.8 us  + 2 m k n / 44.8 TFLOP/s
     dense_tile_spmm (3xTF32 tensor cores): 8.97 us + 2 m k n / 53.2 TFLOP/s
+    dense_tile_spmm (3xFP16, where taken): 11.3 us + 2 m k n / 67.5 TFLOP/s
 
 The CSR line is fitted to the 272 dlmc.json float32 SpMM cases that ran a CSR kernel (median error
 13.5 %; the line it replaces, 11.0 us + 2 nnz n / 7.9 TFLOP/s from the family sweep of
@@ -15,6 +16,13 @@ probes/spmm_sweep_f32_families_even.json, had 25 % and over-predicted small laye
 to that sweep, the tensor-core line to the kernel's own probe over the ten DLMC and random-square
 shapes at n = 32-1024 (probes/dense_tile_spmm_probe.txt and dense_tile_spmm_probe_n32.txt; median
 error 3.2 %; 0.91-1.46x cuBLAS SGEMM in the same runs).
+
+The 3xFP16 line (dense_tile_spmm takes 3xFP16 from 1 GFLOP of dense work at n >= 256) is fitted to the
+80 measured runs of that kernel: the 53 dlmc.json cases it serves and 27 of the 48 fp32 cases of
+probes/spmm_sweep_worst_f32.json where it was forced (median error 2.4 %, at most 9.8 %); the 3xTF32
+line over-predicted them by 16 % (median; 6-25 %). Refitted on its 273 runs of those files and of
+probes/spmm_sweep_dense_tile_vs_selection_narrow.json, the 3xTF32 line stays where it was
+(8.68 us + 2 m k n / 53.3 TFLOP/s, median error 1.5 %).
 
 The tensor cores are taken where predicted TENSOR_MARGIN times faster than both other lines: never
 below 14.6 % density (7.76 / 53.2, the slopes' ratio; its intercept is the higher too). Over the
@@ -36,6 +44,8 @@ DENSE_FLOPS = 44.8e12  # dense (2 m k n) flops per second of cuBLAS SGEMM, TF32 
 DENSE_MARGIN = 1.25  # dense must be predicted this many times faster
 TENSOR_LAUNCH_S = 8.97e-6  # dense_tile_spmm: 3xTF32 tensor cores on the densified W
 TENSOR_FLOPS = 53.2e12  # dense (2 m k n) flops per second
+F16X3_LAUNCH_S = 11.3e-6  # dense_tile_spmm where it takes 3xFP16 (dense_tile_spmm.takes_f16x3)
+F16X3_FLOPS = 67.5e12
 TENSOR_MARGIN = 1.1  # the tensor-core kernel must be predicted this many times faster than the others
 EPILOGUE_S = 4.0e-6  # the dense path's bias/ReLU pass: one more launch ...
 EPILOGUE_BYTES_PER_S = 2.5e12  # ... reading and writing Y
@@ -47,6 +57,7 @@ class Fp32Verdict:
     sparse_s: float
     dense_s: float
     tensor_s: float
+    tensor_mma: str = "3xTF32"  # the products dense_tile_spmm would run: "3xTF32" or "3xFP16"
 
     @property
     def dense(self) -> bool:
@@ -56,7 +67,7 @@ class Fp32Verdict:
     @property
     def text(self) -> str:
         return (f"CSR kernels {self.sparse_s * 1e3:.3g} ms, dense cuBLAS SGEMM {self.dense_s * 1e3:.3g} ms, "
-                f"3xTF32 tensor cores {self.tensor_s * 1e3:.3g} ms predicted (SGEMM taken when {DENSE_MARGIN:g}x "
+                f"{self.tensor_mma} tensor cores {self.tensor_s * 1e3:.3g} ms predicted (SGEMM taken when {DENSE_MARGIN:g}x "
                 f"faster than the CSR kernels, tensor cores when {TENSOR_MARGIN:g}x faster than both)")
 
 
@@ -70,8 +81,16 @@ def dense_seconds(m: int, k: int, n: int, epilogue: bool = False) -> float:
     return seconds + (EPILOGUE_S + 8.0 * m * n / EPILOGUE_BYTES_PER_S if epilogue else 0.0)
 
 
+def f16x3_taken(m: int, k: int, n: int) -> bool:
+    from .dense_tile_spmm import takes_f16x3  # that family's rule (it imports this module)
+
+    return takes_f16x3(m, k, n)
+
+
 def tensor_seconds(m: int, k: int, n: int) -> float:
-    """dense_tile_spmm (its epilogue is fused)."""
+    """dense_tile_spmm (its epilogue is fused), on the line of the products it takes there."""
+    if f16x3_taken(m, k, n):
+        return F16X3_LAUNCH_S + 2.0 * m * k * n / F16X3_FLOPS
     return TENSOR_LAUNCH_S + 2.0 * m * k * n / TENSOR_FLOPS
 
 
@@ -84,4 +103,4 @@ def judge(stats, n: int, epilogue: bool = False) -> Fp32Verdict:
         pick = "sgemm"
     else:
         pick = "sparse"
-    return Fp32Verdict(pick, sparse, dense, tensor)
+    return Fp32Verdict(pick, sparse, dense, tensor, "3xFP16" if f16x3_taken(m, k, n) else "3xTF32")
