@@ -238,7 +238,7 @@ def test_rule_accepts_high_cov_with_the_numbers_in_the_reason():
     assert f"ELL width {width} = median row, at least 1" in sel.reason and "rows 4..874 nnz" in sel.reason
     assert f"COO chunks of <= {fmt.chunk_size(width)}" in sel.reason and "CoV" in sel.reason
     # in the table it wins over the CSR kernels (families before it in the table may claim fp16)
-    full = select_request(analyze(a), request(64, "float32"))
+    full = select_request(analyze(a), request(256, "float32"))  # short rows (about 40 on average), n >= 256
     tried = [rule for rule, _, _ in full.tried]
     assert ("ell_coo_spmm", True) in [(r, ok) for r, ok, _ in full.tried]
     assert full.rule == "ell_coo_spmm" or tried.index(full.rule) < tried.index("ell_coo_spmm")
@@ -257,16 +257,43 @@ def test_rule_declines_even_rows_naming_the_cov():
 
 @pytest.mark.parametrize("n,accepted", [(32, False), (128, True)])
 def test_cov_threshold_depends_on_n(n, accepted):
-    """CoV 1.0 sits between the measured crossovers: 0.75 for n >= 128, 1.3 for narrower n."""
+    """CoV 1.0 sits between the measured crossovers: 0.75 for n >= 128, 1.3 for narrower n (float16:
+    the CoV bounds alone)."""
     stats = analyze(csr_from_lengths([5] * 40 + [60] * 4, 64))
     stats = dataclasses.replace(stats, row_lengths=dataclasses.replace(stats.row_lengths, cov=1.0))
-    assert fam.RULES[0].decide(stats, request(n=n)).accepted is accepted
+    assert fam.RULES[0].decide(stats, request(n=n, dtype="float16")).accepted is accepted
+
+
+def skewed_stats(m, mean, cov=1.5):
+    """Analyzer stats of an m-row matrix with about `mean` nonzeros a row and row-length CoV `cov`."""
+    lengths = [max(1, mean // 2)] * (m - m // 8) + [mean * 4] * (m // 8)
+    stats = analyze(csr_from_lengths(lengths, 8 * mean))
+    return dataclasses.replace(stats, row_lengths=dataclasses.replace(stats.row_lengths, cov=cov))
+
+
+@pytest.mark.parametrize("m,mean,n,needle", [
+    (8192, 200, 1024, "rows avg"),  # long rows: sputnik_spmm's splits
+    (2048, 24, 128, "2048 rows < 4096 at n=128 < 256"),  # few rows at narrow n: the CSR kernels
+    (2048, 24, 32, "2048 rows < 4096 at n=32 < 256"),
+])
+def test_float32_declines_where_split_csr_was_measured_faster(m, mean, n, needle):
+    decision = fam.RULES[0].decide(skewed_stats(m, mean), request(n=n))
+    assert not decision.accepted and needle in decision.reason and "measured faster" in decision.reason
+    assert fam.RULES[0].decide(skewed_stats(m, mean), request(n=n, dtype="float16")).accepted  # fp16: CoV alone
+    forced = request(n=n, options=(("family", fam.FAMILY),))
+    assert fam.RULES[0].decide(skewed_stats(m, mean), forced).accepted  # asked for by name
+
+
+@pytest.mark.parametrize("m,n", [(2048, 256), (2048, 1024), (4096, 128), (8192, 32)])
+def test_float32_takes_short_skewed_rows_at_wide_n_or_on_many_rows(m, n):
+    decision = fam.RULES[0].decide(skewed_stats(m, 24), request(n=n))
+    assert decision.accepted, decision.reason
 
 
 def test_rule_declines_when_no_row_spills():
     stats = analyze(csr_from_lengths([5] * 10, 64))
     skewed = dataclasses.replace(stats, row_lengths=dataclasses.replace(stats.row_lengths, cov=1.5))
-    decision = fam.RULES[0].decide(skewed, request())
+    decision = fam.RULES[0].decide(skewed, request(n=256))
     assert not decision.accepted and "no tail" in decision.reason and "(5 nnz)" in decision.reason
 
 

@@ -153,7 +153,7 @@ def test_every_dlmc_matrix_the_rule_accepts(data_dir):
     for i, line in enumerate(lines):
         path = line.split("\t")[0]
         a = sparsegen.load(data_dir / "dlmc" / path, values="random", seed=i)
-        if not rule_accepts(a):
+        if analyze(a).row_lengths.cov < fam.COV_MIN:  # skewed enough for the hybrid (forced where the rule declines)
             continue
         for dtype, n in (("float32", 128), ("float16", 32), ("float16", 7)):
             check(a, n, dtype, np.linspace(-1, 1, a.shape[0]), relu=True, seed=i)

@@ -56,6 +56,33 @@ def test_many_long_rows_take_the_measured_chunk_and_batch(monkeypatch):
     assert (spec_for(narrow, 128).chunk, spec_for(narrow, 128).ksplit) == (32, 1)  # 4096 warps unsplit
 
 
+def skewed_rows(m, k, mean, cov, seed=0):
+    """m x k with lognormal row lengths of about `mean` nonzeros and CoV `cov`, uniform columns."""
+    rng = np.random.default_rng(seed)
+    sigma = np.sqrt(np.log1p(cov * cov))
+    lengths = np.clip(np.rint(rng.lognormal(np.log(mean) - sigma * sigma / 2, sigma, m)), 0, k).astype(np.int64)
+    order = np.argsort(rng.random((m, k)), axis=1)  # each row's columns in a random order
+    mask = np.zeros((m, k), bool)
+    np.put_along_axis(mask, order, np.arange(k)[None, :] < lengths[:, None], axis=1)
+    return sp.csr_matrix(mask.astype(np.float32))
+
+
+def test_many_long_skewed_rows_are_split_alike():
+    """Skewed rows (CoV >= 0.5) leave the many-row choices: split 8 ways at n = 128/256, 2 at n >= 1024;
+    8-thread groups (n = 32) take the per-row split."""
+    a = skewed_rows(2048, 2048, 200, 1.5, seed=1)
+    assert analyze(a).row_lengths.cov >= fam.MANY_ROWS_MAX_COV
+    for n, ksplit in ((128, fam.SKEWED_KSPLIT), (256, fam.SKEWED_KSPLIT), (1024, fam.SKEWED_WIDE_KSPLIT)):
+        spec = spec_for(a, n)
+        assert (spec.ksplit, spec.budget, spec.chunk) == (ksplit, 0, 32), n
+    assert "many long rows, skewed; split alike measured fastest" in select(analyze(a), op="spmm", n=256,
+                                                                             options={"family": "sputnik_spmm"}).reason
+    assert spec_for(a, 32).budget > 0  # per-row split
+    assert spec_for(a, 256, ksplit=4).ksplit == 4  # options still win
+    even = random_csr(2048, 2048, 0.1, seed=2)  # ~200 a row, CoV ~0.07: the many-row choices, unsplit
+    assert (spec_for(even, 256).ksplit, spec_for(even, 256).chunk) == (1, 64)
+
+
 def test_rows_split_until_the_grid_reaches_32_warps_per_sm():
     target = fam.SPLIT_WARPS_PER_SM * 132
     few = spec_for(random_csr(512, 2048, 0.2, seed=2), 128)  # 512 warps unsplit

@@ -27,9 +27,6 @@ TAIL_KERNEL = "ell_coo_spmm_tail"
 RELU_KERNEL = "ell_coo_spmm_relu"
 WARP = 32
 BLOCK = 128  # threads per block in every step
-# Row-length CoV (std / mean) from which the hybrid is chosen. A starting point, not a measurement:
-# at CoV 1 the longest rows are typically several times the median, so a one-pass row-per-group
-# kernel spends most of its tail waiting on them. The lead re-tunes it from GPU timings.
 # Row-length CoV from which the hybrid beats swizzled CSR (sputnik_spmm) on the H100: 4096 x 4096,
 # 10 % dense, lognormal row lengths (benchmarks/results/h100-80gb-hbm3/spmm_sweep_skewed_f32.json):
 # at n = 128 it wins from CoV 0.74 (0.127 vs 0.136 ms; 0.122 vs 0.175 at 0.97); at n = 32 sputnik
@@ -37,6 +34,20 @@ BLOCK = 128  # threads per block in every step
 COV_MIN = 0.75  # n >= WIDE_N
 COV_MIN_NARROW = 1.3  # n < WIDE_N
 WIDE_N = 128
+# float32, re-measured once sputnik_spmm split rows per row and split skewed many-row matrices alike
+# (probes/spmm_sweep_skewed_ell_coo.txt: 8 lognormal matrices of 512-8192 rows and the high-CoV DLMC
+# layer, n = 32-1024, against the kernel the table picks without this one). Rows of >= 160 nonzeros
+# on average: sputnik_spmm's splits ran 1.2-4.0x faster (11 of 12; 1024 x 4096 at n = 1024 ran 0.72x,
+# 0.154 against 0.111 ms). Short rows (24-40 on
+# average): the hybrid ran 1.0-3.7x faster at n >= 256 (12 of 12 within 2 %) and on >= 4096 rows at
+# n = 128 (3 of 3) and n = 32 (2 of 3; 4096 x 1024 ran 0.85x csr_rowsplit); on 2048 rows at n <= 128
+# csr_rowsplit and sputnik_spmm's per-row split ran 1.26-1.55x faster (6 of 6). The 4096 x 4096
+# squares at 10 % (rows of 360-400) were the crossovers above; split rows now beat the hybrid there
+# at every n, 1.15-4.2x (probes/spmm_sweep_skewed_sputnik.txt). float16 keeps the CoV bounds alone
+# (not re-measured).
+SHORT_ROWS_MEAN = 64  # float32: rows of at most this many nonzeros on average
+ROWS_N = 256  # float32: below this n, at least MIN_ROWS_NARROW rows
+MIN_ROWS_NARROW = 4096
 FULL_UNROLL_MAX = 16  # ELL widths up to this unroll completely (every slot's loads issued at once)
 UNROLL = 4  # otherwise the ELL and chunk loops unroll by this much
 
@@ -94,6 +105,11 @@ def _rule(stats, request: Request):
     if rl.cov < cov_min and request.option("family") != FAMILY:  # asked for by name: measure it anyway
         return decline(f"row-length CoV {rl.cov:.2f} < {cov_min} (n={request.n}): rows {rl.min}..{rl.max} nnz are "
                        f"even enough for one pass")
+    forced = request.option("family") == FAMILY
+    if request.dtype == "float32" and not forced:
+        why = _outside_measured_f32(stats, request)
+        if why:
+            return decline(why)
     p50 = stats.row_length_percentiles["p50"]
     width = FORMAT.width_from_median(p50)
     if rl.max <= width:
@@ -110,6 +126,18 @@ def _rule(stats, request: Request):
               f"<= {spec.chunk}; "
               f"n={spec.n}: {spec.vec}-wide loads, {spec.lanes} lanes per row")
     return accept(spec, reason)
+
+
+def _outside_measured_f32(stats, request: Request) -> str | None:
+    """Why the split CSR kernels were measured ahead of the hybrid here (float32), or None."""
+    m, mean = stats.shape[0], stats.row_lengths.mean
+    if mean > SHORT_ROWS_MEAN:
+        return (f"row-length CoV {stats.row_lengths.cov:.2f}, but rows avg {mean:.1f} nnz > {SHORT_ROWS_MEAN}: "
+                "sputnik_spmm's row splits were measured faster on long skewed rows")
+    if request.n < ROWS_N and m < MIN_ROWS_NARROW:
+        return (f"row-length CoV {stats.row_lengths.cov:.2f}, but {m} rows < {MIN_ROWS_NARROW} at n={request.n} < "
+                f"{ROWS_N}: csr_rowsplit and sputnik_spmm's per-row split were measured faster")
+    return None
 
 
 RULES = (Rule("ell_coo_spmm", FAMILY, _rule),)

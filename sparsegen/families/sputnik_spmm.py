@@ -86,6 +86,17 @@ MANY_ROWS_CHUNK_WARPS = 8192  # grid warps up to which 64-nonzero chunks pay
 MANY_ROWS_CHUNK = 64
 MANY_ROWS_BATCH = 8
 MANY_ROWS_CHUNK_BLOCK = 512  # threads per block with 64-nonzero chunks
+# Only for even rows (the uniform squares' CoV is 0.05). On 4096 x 4096 squares at 10 % with lognormal
+# row lengths of CoV 0.74-1.85 the many-row choice, rows unsplit, ran 1.0-5.6x slower than rows split
+# 8 ways at n <= 256 (probes/spmm_sweep_skewed_sputnik_before.txt): the longest rows, several times the
+# mean, hold the grid's end. Such skewed rows (CoV >= MANY_ROWS_MAX_COV) are split alike
+# (probes/spmm_sweep_skewed_sputnik.txt): SKEWED_KSPLIT ways with whole-warp row groups (n = 128, 256;
+# the fastest of 2/4/8 ways and the per-row split, 1.04-2.2x the per-row split, 1.15-1.42x
+# ell_coo_spmm), SKEWED_WIDE_KSPLIT at n >= WIDE_N (0.99-1.18x unsplit rows, 1.42-1.72x ell_coo_spmm;
+# 8 ways 0.69-0.99x); narrower groups (n <= 64) take the per-row split, 1.7-4.2x ell_coo_spmm at n = 32.
+MANY_ROWS_MAX_COV = 0.5
+SKEWED_KSPLIT = 8
+SKEWED_WIDE_KSPLIT = 2
 # Prefetch (software-pipelined sparse row: the next chunk's indices and values in flight while this
 # chunk's X loads are) for float32 at n <= 32 with every row split alike, where a chunk's X loads
 # are short and the row's dependent loads set the time. Measured against the same kernel without
@@ -183,11 +194,11 @@ def row_group(n: int, itemsize: int, tile_bytes: int | None = None) -> tuple[int
     return vec, min(WARP, max(1, (tile_bytes or TILE_BYTES) // (vec * itemsize)), next_pow2(-(-n // vec)))
 
 
-def many_long_rows(m: int, k: int, mean: float, f16: bool, width: int) -> bool:
+def many_long_rows(m: int, k: int, mean: float, f16: bool, width: int, cov: float = 0.0) -> bool:
     """Where the measured many-row choices apply (fp32, >= 2048 x 2048, rows >= 256 nonzeros, or
-    >= 96 with whole-warp row groups)."""
+    >= 96 with whole-warp row groups, and even: row-length CoV < MANY_ROWS_MAX_COV)."""
     least = MANY_ROWS_MEAN_WHOLE_WARPS if width == WARP else MANY_ROWS_MEAN
-    return m >= MANY_ROWS and k >= MANY_COLS and mean >= least and not f16
+    return m >= MANY_ROWS and k >= MANY_COLS and mean >= least and not f16 and cov < MANY_ROWS_MAX_COV
 
 
 def block_threads(n: int, f16: bool, big_block: bool, swizzle: bool, mean: float,
@@ -221,7 +232,11 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     vec, width = row_group(n, itemsize, tile_bytes)
     tile_n = width * vec
     target = SPLIT_WARPS_PER_SM * sm_count(request.arch)
-    many = many_long_rows(m, k, mean, f16, width)
+    many = many_long_rows(m, k, mean, f16, width, stats.row_lengths.cov)
+    skewed_many = (ksplit is None and balance is None and not piece and width == WARP
+                   and many_long_rows(m, k, mean, f16, width) and not many)  # many long rows, but skewed
+    if skewed_many:
+        ksplit = SKEWED_WIDE_KSPLIT if n >= WIDE_N else SKEWED_KSPLIT
     groups = group_budget(n, tile_n, width, target)
     longest = stats.row_lengths.max
     alike = row_split(m, n, tile_n, width, target)
@@ -265,6 +280,9 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
         reason += (f", each row split over the fewest row groups (a power of two, up to {spec.ksplit}) that leave "
                    f"each <= the least piece whose splits fit {spec.budget} groups per column tile (grid within "
                    f"{target} warps for {sm_count(request.arch)} SMs; the longest row has {stats.row_lengths.max})")
+    elif skewed_many:
+        reason += (f", {spec.ksplit} groups per row ({m} x {k} with rows of CoV {stats.row_lengths.cov:.2f} >= "
+                   f"{MANY_ROWS_MAX_COV}: many long rows, skewed; split alike measured fastest)")
     elif spec.ksplit > 1:
         reason += (f", {spec.ksplit} groups per row ({m} rows alone give {warps(m, n, tile_n, width, 1)} warps; "
                    f"split while the grid stays within {target} for {sm_count(request.arch)} SMs)")
