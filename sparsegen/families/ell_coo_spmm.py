@@ -38,10 +38,10 @@ WIDE_N = 128
 # (probes/spmm_sweep_skewed_ell_coo.txt: 8 lognormal matrices of 512-8192 rows and the high-CoV DLMC
 # layer, n = 32-1024, against the kernel the table picks without this one). Rows of >= 160 nonzeros
 # on average: sputnik_spmm's splits ran 1.2-4.0x faster (11 of 12; 1024 x 4096 at n = 1024 ran 0.72x,
-# 0.154 against 0.111 ms). Short rows (24-40 on
-# average): the hybrid ran 1.0-3.7x faster at n >= 256 (12 of 12 within 2 %) and on >= 4096 rows at
-# n = 128 (3 of 3) and n = 32 (2 of 3; 4096 x 1024 ran 0.85x csr_rowsplit); on 2048 rows at n <= 128
-# csr_rowsplit and sputnik_spmm's per-row split ran 1.26-1.55x faster (6 of 6). The 4096 x 4096
+# 0.154 against 0.111 ms). Short rows (24-40 on average): the hybrid ran 1.0-3.7x faster at n >= 256
+# (12 of 12, within 2 %) and on >= 4096 rows at n = 128 (3 of 3) and n = 32 (2 of 3; 4096 x 1024 ran
+# 0.85x csr_rowsplit); on 2048 rows at n <= 128 csr_rowsplit and sputnik_spmm's per-row split ran
+# 1.26-1.55x faster (6 of 6). The 4096 x 4096
 # squares at 10 % (rows of 360-400) were the crossovers above; split rows now beat the hybrid there
 # at every n, 1.15-4.2x (probes/spmm_sweep_skewed_sputnik.txt). float16 keeps the CoV bounds alone
 # (not re-measured).

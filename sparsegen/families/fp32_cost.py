@@ -3,7 +3,7 @@
 At 50-80 % sparsity a float32 layer multiplies faster dense: cuBLAS SGEMM (TF32 off) runs near
 45 TFLOP/s of dense work on the H100, dense_tile_spmm (TF32 tensor cores at fp32 accuracy) near 53,
 while the CSR kernels (csr_rowsplit, sputnik_spmm, panel_spmm) reach 1-10 TFLOP/s of useful work,
-one X row fetched per nonzero. Three lines, least squares on log time:
+one X row fetched per nonzero. Four lines, least squares on log time:
 
     CSR kernels (the one selected):        7.80 us + 2 nnz n / 7.76 TFLOP/s
     cuBLAS SGEMM of the densified W:      12.8 us  + 2 m k n / 44.8 TFLOP/s
@@ -18,14 +18,15 @@ shapes at n = 32-1024 (probes/dense_tile_spmm_probe.txt and dense_tile_spmm_prob
 error 3.2 %; 0.91-1.46x cuBLAS SGEMM in the same runs).
 
 The 3xFP16 line (dense_tile_spmm takes 3xFP16 from 1 GFLOP of dense work at n >= 256) is fitted to the
-80 measured runs of that kernel: the 53 dlmc.json cases it serves and 27 of the 48 fp32 cases of
+80 measured runs of that kernel: the 53 dlmc.json cases it served at 6dc2aa2 and 27 of the 48 fp32 cases of
 probes/spmm_sweep_worst_f32.json where it was forced (median error 2.4 %, at most 9.8 %); the 3xTF32
 line over-predicted them by 16 % (median; 6-25 %). Refitted on its 273 runs of those files and of
 probes/spmm_sweep_dense_tile_vs_selection_narrow.json, the 3xTF32 line stays where it was
 (8.68 us + 2 m k n / 53.3 TFLOP/s, median error 1.5 %).
 
 The tensor cores are taken where predicted TENSOR_MARGIN times faster than both other lines: never
-below 14.6 % density (7.76 / 53.2, the slopes' ratio; its intercept is the higher too). Over the
+below 14.6 % density (7.76 / 53.2, the slopes' ratio; its intercept is the higher too), 11.5 % on the
+3xFP16 line (7.76 / 67.5). Over the
 344 float32 SpMM cases of dlmc.json, with the measured times of the kernel each rule picks, margin
 1.1 gives 2.30x cuSPARSE against 2.13x before the family (1.0: 2.30x, 1.2: 2.28x; the faster of
 the two per case, known in hindsight: 2.33x): 140 cases move, 13 of them run slower.
@@ -82,25 +83,29 @@ def dense_seconds(m: int, k: int, n: int, epilogue: bool = False) -> float:
 
 
 def f16x3_taken(m: int, k: int, n: int) -> bool:
-    from .dense_tile_spmm import takes_f16x3  # that family's rule (it imports this module)
+    """Whether dense_tile_spmm would multiply this product with 3xFP16 (its own rule)."""
+    from .dense_tile_spmm import takes_f16x3  # imported here: that family imports this module
 
     return takes_f16x3(m, k, n)
 
 
-def tensor_seconds(m: int, k: int, n: int) -> float:
+def tensor_seconds(m: int, k: int, n: int, f16x3: bool | None = None) -> float:
     """dense_tile_spmm (its epilogue is fused), on the line of the products it takes there."""
-    if f16x3_taken(m, k, n):
+    if f16x3 is None:
+        f16x3 = f16x3_taken(m, k, n)
+    if f16x3:
         return F16X3_LAUNCH_S + 2.0 * m * k * n / F16X3_FLOPS
     return TENSOR_LAUNCH_S + 2.0 * m * k * n / TENSOR_FLOPS
 
 
 def judge(stats, n: int, epilogue: bool = False) -> Fp32Verdict:
     (m, k), nnz = stats.shape, stats.nnz
-    sparse, dense, tensor = sparse_seconds(nnz, n), dense_seconds(m, k, n, epilogue), tensor_seconds(m, k, n)
+    f16x3 = f16x3_taken(m, k, n)
+    sparse, dense, tensor = sparse_seconds(nnz, n), dense_seconds(m, k, n, epilogue), tensor_seconds(m, k, n, f16x3)
     if tensor * TENSOR_MARGIN < min(sparse, dense):
         pick = "tensor"
     elif dense * DENSE_MARGIN < sparse:
         pick = "sgemm"
     else:
         pick = "sparse"
-    return Fp32Verdict(pick, sparse, dense, tensor, "3xFP16" if f16x3_taken(m, k, n) else "3xTF32")
+    return Fp32Verdict(pick, sparse, dense, tensor, "3xFP16" if f16x3 else "3xTF32")
