@@ -2,7 +2,8 @@
 
 The rule table predicts; tuning measures. Each family that accepts the request (forced through
 `options={"family": name}`), in each of the variants it offers for tuning (`tune_variants`:
-tiled_bitmap_spmm's two encodings), is compiled and timed once on the GPU with random operands;
+tiled_bitmap_spmm's two encodings, sputnik_spmm's row splits), is compiled and timed once on the GPU
+with random operands (a variant that compiles to a spec already timed is not timed again);
 the winner's family and options are cached under the matrix structure and the request, so a later
 `tune=True` compile of the same structure goes straight to it.
 """
@@ -64,6 +65,8 @@ def tuned(csr, request, backend: str, compile_with):
         try:
             kern = compile_with({**base, "family": family, **variant})
         except UnsupportedError:
+            continue
+        if kern.spec.name in built:  # a variant that is the rule's own choice: timed once
             continue
         built[kern.spec.name] = (kern, variant)
         trials.append(Trial(family, kern.spec.name, time_kernel(kern), variant_label(variant)))

@@ -39,6 +39,40 @@ def test_bitmap_offers_both_encodings_unless_one_is_asked_for():
     assert tune.variant_label({"granule": 2, "a": 1}) == "a=1,granule=2"
 
 
+def test_sputnik_offers_row_splits_in_float32_unless_one_is_asked_for():
+    req = sparsegen.api._request("spmm", 128, None, "float32", "sm_90", None, False, None, "nonzero", None)
+    sputnik = [v for f, v in tune.candidates(req) if f == "sputnik_spmm"]
+    assert sputnik == [{}, {"ksplit": 4}, {"ksplit": 8}]
+    half = sparsegen.api._request("spmm", 128, None, "float16", "sm_90", None, False, None, "nonzero", None)
+    assert [v for f, v in tune.candidates(half) if f == "sputnik_spmm"] == [{}]
+    for fixed in ({"ksplit": 2}, {"balance": 1}, {"piece": 64}):
+        req = sparsegen.api._request("spmm", 128, None, "float32", "sm_90", None, False, None, "nonzero",
+                                     {"family": "sputnik_spmm", **fixed})
+        assert tune.candidates(req) == [("sputnik_spmm", {})]
+
+
+def test_variants_that_compile_to_a_spec_already_built_are_timed_once(monkeypatch):
+    """The rule's own split among the variants (a 512-row layer splits 8 ways at n = 128): no second trial."""
+    from sparsegen import runtime
+
+    a = random_csr(512, 2048, 0.2, seed=4)
+    monkeypatch.setattr(runtime, "current_arch", lambda: "sm_90")
+    timed = []
+    monkeypatch.setattr(tune, "time_kernel", lambda kern, runs=tune.RUNS: timed.append(kern.spec.name) or 1.0)
+    calls = []
+
+    def compile_with(options):
+        calls.append(options)
+        return sparsegen.compile(a, n=128, backend="emulate", options=options)
+
+    req = sparsegen.api._request("spmm", 128, None, "float32", "sm_90", None, False, None, "nonzero",
+                                 {"family": "sputnik_spmm"})
+    monkeypatch.setattr(tune, "Cache", lambda: Cache(active=False))
+    kern = tune.tuned(a, req, "gpu", compile_with)
+    assert len(calls) == 3 and len(timed) == len(set(timed)) == 2  # {} and ksplit=8 are one spec
+    assert kern.spec.family == "sputnik_spmm"
+
+
 def test_tune_key_ignores_values_and_the_family_option_but_not_n():
     a = random_csr(50, 60, 0.1, seed=2)
     b = a.copy()

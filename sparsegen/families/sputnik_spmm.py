@@ -295,6 +295,21 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     return spec, reason
 
 
+# tune=True also times these row splits beside the rule's own (float32): over the DLMC cases where
+# the rule's split was measured against them (probes/spmm_sweep_sputnik_split_128_256.json and
+# spmm_sweep_worst_f32.json, 76 cases) the fastest of the three ran 1.02x faster than the rule's
+# (geomean), up to 1.20x, ahead by more than 2 % in 14.
+TUNE_KSPLITS = (4, 8)
+
+
+def tune_variants(request: Request) -> list[dict]:
+    """tune=True times the rule's split and TUNE_KSPLITS (float32), unless options fix the split."""
+    fixed = any(request.option(o) is not None for o in ("ksplit", "balance", "piece"))
+    if request.dtype != "float32" or fixed:
+        return [{}]
+    return [{}] + [{"ksplit": k} for k in TUNE_KSPLITS]
+
+
 def _rule(stats, request: Request):
     gate = spmm_gate(stats, request, index_slack=8)  # indices and values padded to a whole vector
     if gate:
