@@ -41,10 +41,9 @@ WIDE_N = 128
 # 0.154 against 0.111 ms). Short rows (24-40 on average): the hybrid ran 1.0-3.7x faster at n >= 256
 # (12 of 12, within 2 %) and on >= 4096 rows at n = 128 (3 of 3) and n = 32 (2 of 3; 4096 x 1024 ran
 # 0.85x csr_rowsplit); on 2048 rows at n <= 128 csr_rowsplit and sputnik_spmm's per-row split ran
-# 1.26-1.55x faster (6 of 6). The 4096 x 4096
-# squares at 10 % (rows of 360-400) were the crossovers above; split rows now beat the hybrid there
-# at every n, 1.15-4.2x (probes/spmm_sweep_skewed_sputnik.txt). float16 keeps the CoV bounds alone
-# (not re-measured).
+# 1.26-1.55x faster (6 of 6). The 4096 x 4096 squares at 10 % (rows of 360-400) were the crossovers
+# above; split rows now beat the hybrid there at every n, 1.15-4.2x (probes/spmm_sweep_skewed_sputnik.txt).
+# float16 keeps the CoV bounds alone (not re-measured).
 SHORT_ROWS_MEAN = 64  # float32: rows of at most this many nonzeros on average
 ROWS_N = 256  # float32: below this n, at least MIN_ROWS_NARROW rows
 MIN_ROWS_NARROW = 4096
@@ -102,10 +101,10 @@ def _rule(stats, request: Request):
         return gate
     rl = stats.row_lengths
     cov_min = COV_MIN if request.n >= WIDE_N else COV_MIN_NARROW
-    if rl.cov < cov_min and request.option("family") != FAMILY:  # asked for by name: measure it anyway
+    forced = request.option("family") == FAMILY  # asked for by name: measure it anyway
+    if rl.cov < cov_min and not forced:
         return decline(f"row-length CoV {rl.cov:.2f} < {cov_min} (n={request.n}): rows {rl.min}..{rl.max} nnz are "
                        f"even enough for one pass")
-    forced = request.option("family") == FAMILY
     if request.dtype == "float32" and not forced:
         why = _outside_measured_f32(stats, request)
         if why:

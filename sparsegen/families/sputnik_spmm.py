@@ -194,11 +194,11 @@ def row_group(n: int, itemsize: int, tile_bytes: int | None = None) -> tuple[int
     return vec, min(WARP, max(1, (tile_bytes or TILE_BYTES) // (vec * itemsize)), next_pow2(-(-n // vec)))
 
 
-def many_long_rows(m: int, k: int, mean: float, f16: bool, width: int, cov: float = 0.0) -> bool:
-    """Where the measured many-row choices apply (fp32, >= 2048 x 2048, rows >= 256 nonzeros, or
-    >= 96 with whole-warp row groups, and even: row-length CoV < MANY_ROWS_MAX_COV)."""
+def many_long_rows(m: int, k: int, mean: float, f16: bool, width: int) -> bool:
+    """Many long rows (fp32, >= 2048 x 2048, rows >= 256 nonzeros, or >= 96 with whole-warp row groups):
+    the measured many-row choices where they are even (CoV < MANY_ROWS_MAX_COV), else SKEWED_KSPLIT."""
     least = MANY_ROWS_MEAN_WHOLE_WARPS if width == WARP else MANY_ROWS_MEAN
-    return m >= MANY_ROWS and k >= MANY_COLS and mean >= least and not f16 and cov < MANY_ROWS_MAX_COV
+    return m >= MANY_ROWS and k >= MANY_COLS and mean >= least and not f16
 
 
 def block_threads(n: int, f16: bool, big_block: bool, swizzle: bool, mean: float,
@@ -232,9 +232,11 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     vec, width = row_group(n, itemsize, tile_bytes)
     tile_n = width * vec
     target = SPLIT_WARPS_PER_SM * sm_count(request.arch)
-    many = many_long_rows(m, k, mean, f16, width, stats.row_lengths.cov)
-    skewed_many = (ksplit is None and balance is None and not piece and width == WARP
-                   and many_long_rows(m, k, mean, f16, width) and not many)  # many long rows, but skewed
+    long_rows = many_long_rows(m, k, mean, f16, width)
+    even = stats.row_lengths.cov < MANY_ROWS_MAX_COV
+    many = long_rows and even
+    skewed_many = (long_rows and not even and ksplit is None and balance is None and not piece
+                   and width == WARP)
     if skewed_many:
         ksplit = SKEWED_WIDE_KSPLIT if n >= WIDE_N else SKEWED_KSPLIT
     groups = group_budget(n, tile_n, width, target)
