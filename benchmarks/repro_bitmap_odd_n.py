@@ -1,4 +1,4 @@
-"""Reproduce the known tiled_bitmap_spmm odd-N bug on a GPU (why tiled_bitmap_spmm.gate declines odd N).
+"""Reproduce the tiled_bitmap_spmm odd-N bug seen at aab391c (why tiled_bitmap_spmm.gate declined odd N until 2026-11-27).
 
     python benchmarks/repro_bitmap_odd_n.py            # table of variants
     compute-sanitizer --tool racecheck python benchmarks/repro_bitmap_odd_n.py one
@@ -8,6 +8,9 @@ the rows of warp 3 (rows 48-63 of each 64-row tile) of every row tile but the fi
 (relative error 0.1-0.9); 2- and 4-slot rings, even N, and a single row tile are right. racecheck
 reports cp.async write-write hazards (threads 0 and 8). Odd N is the one path that writes the X
 tile with plain shared stores instead of cp.async (templates/_tiled_common.cuh.j2, load_x_tile).
+
+2026-11-27 (d0a36fa's kernels): every row right in every configuration here and racecheck clean
+(probes/repro_bitmap_odd_n*.txt), so tiled_bitmap_spmm takes odd N again; kept as a regression probe.
 """
 from __future__ import annotations
 
@@ -19,11 +22,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import sparsegen  # noqa: E402
-import sparsegen.families.tiled_bitmap_spmm as bitmap  # noqa: E402
 from tests.helpers import random_csr, reference, rel_error  # noqa: E402
 from tests.tiled_helpers import host_x, rounded_half  # noqa: E402
 
-bitmap.gate = bitmap.T.gate  # let odd N through, to exercise the path the family declines
 
 
 def check(a, n, **options):

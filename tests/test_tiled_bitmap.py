@@ -333,7 +333,6 @@ def emulate(a, n, dtype, bias=None, relu=False, seed=0, **options):
        dtype=st.sampled_from(["float16", "bfloat16"]), epilogue=st.sampled_from(["none", "bias", "bias_relu"]),
        seed=st.integers(0, 1000))
 def test_emulator_matches_scipy(m, k, density, n, dtype, epilogue, seed):
-    n += n % 2  # odd N is declined (tiled_bitmap_spmm.gate; see test_odd_n_is_declined_with_the_reason)
     a = random_csr(m, k, density, seed=seed, empty_rows=0.1)
     bias = np.random.default_rng(seed).standard_normal(m) if epilogue != "none" else None
     kernel, y, ref = emulate(a, n, dtype, bias, epilogue == "bias_relu", seed)
@@ -417,7 +416,6 @@ def test_every_code_shape_compiles_for_sm90_with_hmma(shape, epilogue, granule, 
     options = {key: v for key, v in options.items() if key not in CSL_ONLY}
     options["granule"] = granule
     a = random_csr(m, k, density, seed=13)
-    n += n % 2  # odd N is declined (test_odd_n_is_declined_with_the_reason)
     kernel = sparsegen.compile(a, n=n, dtype=dtype, backend="emulate", bias=np.ones(m) if epilogue else None,
                                relu=epilogue, options={"family": "tiled_bitmap_spmm", **options})
     cubin = nvcc.compile_cubin(kernel.source, kernel.spec.compile_arch("sm_90"), name=kernel.spec.name)
@@ -448,14 +446,14 @@ def test_every_chosen_spec_fits_an_sm_with_the_residency_it_asks_for(m, k, densi
 
 
 @pytest.mark.parametrize("n", [1, 7, 33])
-def test_odd_n_is_declined_with_the_reason(n):
-    """N = 1 and 3 with split-K and a 3-slot ring gave wrong rows on the H100 (racecheck: cp.async
-    write-write hazards beside the odd-N path's plain X stores); until found, bitmap declines odd N and
-    selection goes on without it."""
+def test_odd_n_is_accepted_priced_and_emulated(n):
+    """Odd N (declined from aab391c until the H100 gave right rows again: test_gpu_tiled.test_bitmap_odd_n)."""
     a = random_csr(300, 400, 0.3, seed=2)
-    with pytest.raises(UnsupportedError, match=f"n={n} is odd"):
-        sparsegen.compile(a, n=n, dtype="float16", backend="emulate", options={"family": fam.FAMILY})
-    assert skinny_cost.compare(analyze(a), Request("spmm", n=n, dtype="float16")).get(fam.FAMILY) is None
+    kernel, y, ref = emulate(a, n, "float16", None, False, 2)
+    assert kernel.spec.family == fam.FAMILY and kernel.spec.xv == 1 and y.shape == (300, n)
+    assert rel_error(y, ref) <= TOL["float16"]
+    assert "*reinterpret_cast<unsigned short*>(sx + at)" in kernel.source  # the X tile by plain stores
+    assert skinny_cost.compare(analyze(a), Request("spmm", n=n, dtype="float16")).get(fam.FAMILY) is not None
 
 
 @pytest.mark.parametrize("family", ["tiled_csl_spmm", "tiled_bitmap_spmm"])

@@ -88,6 +88,8 @@ def test_tune_times_every_family_keeps_the_fastest_and_caches_it():
     a = random_csr(3000, 2048, 0.1, seed=3)
     k = sparsegen.compile(a, n=128, backend="gpu", tune=True)
     assert len(k.tuning) >= 2
+    splits = {t.spec for t in k.tuning if t.family == "sputnik_spmm"}
+    assert len(splits) >= 2  # the rule's row split and at least one of ksplit 4 / 8 (float32)
     best = min(k.tuning, key=lambda t: t.ms)
     assert k.spec.family == best.family and k.spec.name == best.spec
     again = sparsegen.compile(a, n=128, backend="gpu", tune=True)

@@ -198,9 +198,10 @@ def compare(stats, request: Request) -> tuple[float, float, str]:
 
 
 def gate(stats, request: Request):
-    """The tile families' gate, and odd N declined: on the H100, N = 1 with split-K gave wrong rows
-    (warp 3's of every 64-row tile; tests/test_gpu_tiled.py) while N = 2 and 8 were right. Until that
-    is found, odd N goes to Tiled-CSL, dense or the CSR kernels."""
+    """The tile families' gate, and what only the bitmap kernel refuses: k-groups and unknown granules.
+    Odd N is taken: the wrong rows the H100 gave for N = 1 and 3 with a 3-slot ring at aab391c (declined
+    since) are right on today's ring, racecheck clean (benchmarks/repro_bitmap_odd_n.py);
+    tests/test_gpu_tiled.py keeps those configurations."""
     declined = T.gate(stats, request)
     if declined is None and T.request_warp_k(request) != 1:
         return decline(f"options warp_k={T.request_warp_k(request)}: the bitmap encoding slices each tile by "
@@ -208,9 +209,6 @@ def gate(stats, request: Request):
     if declined is None and request.option("granule", 1) not in FORMAT.GRANULES:
         return decline(f"options granule={request.option('granule')!r}: expected one of {FORMAT.GRANULES} "
                        f"(halves per bitmap bit)")
-    if declined is None and request.n % 2 == 1:
-        return decline(f"n={request.n} is odd: the bitmap kernel's odd-N path gave wrong results with "
-                       f"split-K on the H100 and is disabled until fixed")
     return declined
 
 
