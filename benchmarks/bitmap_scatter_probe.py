@@ -12,7 +12,7 @@ chunks XOR-swizzled by row), which ldmatrix then reads as mma fragments. A warp 
 rows, so the decode needs no block barrier; the block syncs once per tile for the cp.async ring.
 
 Result on the H100 (2026-11-27, probes/bitmap_scatter_probe.txt, 28672 x 7168 at 70/80/90 %, N = 8, 16):
-correct, and 1.3-1.9x slower than the selected kernel in all 6 cases (best of four split / ring
+correct, and 1.4-1.7x slower than the selected kernel in all 6 cases (the best of four split / ring
 variants: 132.8 against 79.2 us at 70 %, N = 8; 104.7 against 75.7 at 80 %; 83.5 against 54.6 at 90 %).
 The bit walk diverges: a warp runs as many find-first-set steps as its fullest row (about 1.7x the
 mean at 80 %), 12 instructions each, so the decode costs as much as the register-direct one while it
