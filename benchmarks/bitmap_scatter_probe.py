@@ -27,7 +27,6 @@ against torch's fp32 product of the same fp16 operands.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time

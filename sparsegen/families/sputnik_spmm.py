@@ -196,7 +196,8 @@ def row_group(n: int, itemsize: int, tile_bytes: int | None = None) -> tuple[int
 
 def many_long_rows(m: int, k: int, mean: float, f16: bool, width: int) -> bool:
     """Many long rows (fp32, >= 2048 x 2048, rows >= 256 nonzeros, or >= 96 with whole-warp row groups):
-    the measured many-row choices where they are even (CoV < MANY_ROWS_MAX_COV), else SKEWED_KSPLIT."""
+    the measured many-row choices where they are even (CoV < MANY_ROWS_MAX_COV), else split alike
+    (SKEWED_KSPLIT, SKEWED_WIDE_KSPLIT at n >= WIDE_N)."""
     least = MANY_ROWS_MEAN_WHOLE_WARPS if width == WARP else MANY_ROWS_MEAN
     return m >= MANY_ROWS and k >= MANY_COLS and mean >= least and not f16
 
