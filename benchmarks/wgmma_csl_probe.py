@@ -2,6 +2,7 @@
 
     python benchmarks/wgmma_csl_probe.py [--shapes 28672x7168 7168x7168] [--sparsity 0.8 0.9] [--n 32 64]
     python benchmarks/wgmma_csl_probe.py --check     # CPU only: the encoding against scipy
+    ... [--ablate] [--rotate 0 7] [--variants 4:2,6:2] [--splits 1,2 | --max-splits 2]
 
 Question: at N = 32 and 64 the tile kernels are bound by latency (ncu of the register-pair bitmap
 kernel at 90 %, N = 64: 3.4 active and 0.75 eligible warps per scheduler, one HMMA per scheduler
@@ -17,6 +18,14 @@ instead of sharing the warps' issue slots with it. One warpgroup (128 threads) p
 Per tile t of a block: wait for its ring slot (cp.async: X tile and words) -> barrier -> scatter the
 words into A[t % 2] (zeroed after tile t - 2's group completed) -> proxy fence -> barrier -> 8 wgmma
 (2 x m64, 4 k16 steps), commit -> wait until tile t - 1's group is done -> zero A[(t + 1) % 2].
+
+Result on the H100 (2026-11-27, probes/wgmma_csl_probe.txt): correct (fp32 out, errors <= 8e-6),
+and slower than the selected kernels: 28672 x 7168 at 90 %, N = 64, 164-170 us against 116 (CSL);
+N = 32 112-118 against 80-83. `--ablate` times the same kernel with parts removed (wrong product):
+without the scatter and zero-fill, the wgmma and the proxy fence it still takes 151-156 us, and
+without the X tile copies as well 55 us, so this ring (2 blocks per SM) is bound by its X copies;
+`--rotate` (each row tile's k-order rotated) speeds that ring 1.15-1.22x. The production kernels,
+by contrast, lose only 2-6 % to their X copies (probes/tiled_probe_nox.txt). Not made a family.
 
 Prototype limits: fp16, M % 128 == 0, K % 64 == 0, N in {16, 32, 64, 128}, split-K by fp32 atomics
 into a zeroed fp32 Y (the zeroing not timed). Timed beside the selected kernel, the tile families
