@@ -125,8 +125,12 @@ wgmma_csl(const uint32_t* __restrict__ words, const int* __restrict__ offs, cons
             const int k0 = (kt0 + v) * TILE_K;
 #pragma unroll
             for (int r = 0; r < (X_COPIES + THREADS - 1) / THREADS; ++r) {{
-                const int p = threadIdx.x + r * THREADS;  // 8 consecutive threads fill one core matrix
-                const int row = (p & 7) + 8 * (p / (8 * X_CHUNKS)), c = (p >> 3) % X_CHUNKS;
+                const int p = threadIdx.x + r * THREADS;
+#if {XROWS}
+                const int row = p / X_CHUNKS, c = p % X_CHUNKS;  // consecutive threads along a row of X (coalesced reads)
+#else
+                const int row = (p & 7) + 8 * (p / (8 * X_CHUNKS)), c = (p >> 3) % X_CHUNKS;  // 8 threads fill one core matrix
+#endif
                 if (XCOPY && (X_COPIES % THREADS == 0 || p < X_COPIES))
                     cp16(saddr(st + xpos(row, c) * 16), x + (size_t)(k0 + row) * N + c * 8);
             }}
@@ -266,7 +270,7 @@ def check() -> int:
 
 
 def source(m, k, n, split, stages, word_bytes, min_blocks, decode=True, mma=True, fence=True, xcopy=True,
-           rotate=0) -> str:
+           rotate=0, xrows=False) -> str:
     regs = n // 2  # per m64 block: N/8 chunks x 4 floats per thread
     acc_list = ", ".join(f"%{i}" for i in range(regs))
     acc_ops = ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(regs))
@@ -274,16 +278,17 @@ def source(m, k, n, split, stages, word_bytes, min_blocks, decode=True, mma=True
                          MIN_BLOCKS=min_blocks, ACC_LIST=acc_list, ACC_OPS=acc_ops, IA=regs, IB=regs + 1,
                          DECODE="true" if decode else "false", MMA="true" if mma else "false",
                          FENCE="true" if fence else "false", XCOPY="true" if xcopy else "false",
-                         ROTATE=rotate)
+                         ROTATE=rotate, XROWS=int(xrows))
 
 
-def build(m, k, n, split, stages, word_bytes, min_blocks, decode=True, mma=True, fence=True, xcopy=True, rotate=0):
+def build(m, k, n, split, stages, word_bytes, min_blocks, decode=True, mma=True, fence=True, xcopy=True, rotate=0,
+          xrows=False):
     from sparsegen import nvcc, runtime
 
-    src = source(m, k, n, split, stages, word_bytes, min_blocks, decode, mma, fence, xcopy, rotate)
+    src = source(m, k, n, split, stages, word_bytes, min_blocks, decode, mma, fence, xcopy, rotate, xrows)
     shared = stages * (TILE_K * n * 2 + -(-word_bytes // 128) * 128) + 2 * (TILE_M * TILE_K * 2 + 128)
     cubin = nvcc.compile_cubin(src, "sm_90a", name="wgmma_csl")
-    func = runtime.load_function(f"wgmma-csl-{m}-{k}-{n}-{split}-{stages}-{word_bytes}-{min_blocks}-{decode}-{mma}-{fence}-{xcopy}-{rotate}", cubin,
+    func = runtime.load_function(f"wgmma-csl-{m}-{k}-{n}-{split}-{stages}-{word_bytes}-{min_blocks}-{decode}-{mma}-{fence}-{xcopy}-{rotate}-{xrows}", cubin,
                                  "wgmma_csl", shared)
     func.prepare("PPPP")
     return func, shared, src
@@ -300,6 +305,8 @@ def main() -> int:
     ap.add_argument("--baselines", default="selected,bitmap g2,csl")
     ap.add_argument("--ablate", action="store_true", help="also time each variant without its zero-fill and scatter")
     ap.add_argument("--rotate", type=int, nargs="*", default=[0], help="k-order rotations to time (0: every block from its first k-tile)")
+    ap.add_argument("--xrows", type=int, nargs="*", default=[0], choices=[0, 1],
+                    help="X copy mappings to time: 0 = 8 threads per core matrix, 1 = consecutive threads along a row")
     ap.add_argument("--check", action="store_true", help="CPU only: the encoding")
     args = ap.parse_args()
     if args.check:
@@ -345,14 +352,14 @@ def main() -> int:
                     modes = (((True, True, True, True), (False, True, True, True), (False, False, True, True),
                               (False, False, False, True), (False, False, False, False))
                              if args.ablate else ((True, True, True, True),))
-                    for (stages, min_blocks), (decode, mma, fence, xcopy), rotate in [
-                            (v, d, r) for v in variants for d in modes for r in args.rotate]:
+                    for (stages, min_blocks), (decode, mma, fence, xcopy), rotate, xrows in [
+                            (v, d, r, xr) for v in variants for d in modes for r in args.rotate for xr in args.xrows]:
                         name = (f"wgmma-csl sk{split} st{stages} mb{min_blocks}" + ("" if decode else " -decode")
                                 + ("" if mma else " -mma") + ("" if fence else " -fence") + ("" if xcopy else " -x")
-                                + (f" rot{rotate}" if rotate else ""))
+                                + (f" rot{rotate}" if rotate else "") + (" xrows" if xrows else ""))
                         try:
                             func, shared, _ = build(m, k, n, split, stages, enc.word_bytes, min_blocks, decode, mma, fence,
-                                                    xcopy, rotate)
+                                                    xcopy, rotate, bool(xrows))
                         except Exception as exc:  # noqa: BLE001 - a probe reports and goes on
                             print(f"{shape:>11} {s:4.2f} {n:3d} {name:28} build failed: {str(exc)[-1500:]}", flush=True)
                             continue
