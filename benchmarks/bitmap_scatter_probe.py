@@ -35,9 +35,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import sparsegen  # noqa: E402
 from sparsegen import nvcc, runtime  # noqa: E402
-from sparsegen.bench.timing import time_cuda  # noqa: E402
+from standalone_probe import CUDA_PRELUDE, print_header, print_rows, start_case, time_baselines, time_prototype  # noqa: E402
 from tiled_probe import random_weight  # noqa: E402
 
 TILE_M, TILE_K = 128, 64
@@ -61,12 +60,7 @@ constexpr int NF = BN / 8;
 constexpr unsigned FULL = 0xffffffffu;
 static_assert(STAGE % 16 == 0, "16-byte copies");
 
-__device__ __forceinline__ uint32_t saddr(const void* p) {{ return (uint32_t)__cvta_generic_to_shared(p); }}
-__device__ __forceinline__ void cp16(uint32_t dst, const void* src) {{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src) : "memory");
-}}
-__device__ __forceinline__ void commit() {{ asm volatile("cp.async.commit_group;\n" ::: "memory"); }}
-template <int P> __device__ __forceinline__ void wait_groups() {{ asm volatile("cp.async.wait_group %0;\n" :: "n"(P) : "memory"); }}
+{PRELUDE}
 // X tile: row-major, chunk g = row * X_CHUNKS + c at g ^ ((g / 8) % 8): ldmatrix.trans conflict-free
 __device__ __forceinline__ int xpos(int row, int c) {{ const int g = row * X_CHUNKS + c; return g ^ ((g >> 3) & 7); }}
 
@@ -233,7 +227,7 @@ def encode(w, m: int, k: int):
 
 def build(m, k, n, split, stages, value_bytes, min_blocks):
     src = SOURCE.format(M=m, K=k, N=n, SPLIT=split, STAGES=stages, VALUE_BYTES=-(-value_bytes // 16) * 16,
-                        MIN_BLOCKS=min_blocks)
+                        MIN_BLOCKS=min_blocks, PRELUDE=CUDA_PRELUDE)
     stage = TILE_K * n * 2 + TILE_M * 8 + 32 + -(-value_bytes // 16) * 16
     shared = stages * stage + TILE_M * TILE_K * 2
     cubin = nvcc.compile_cubin(src, "sm_90", name="bitmap_scatter")
@@ -252,8 +246,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, nargs="*", default=[8, 16])
     ap.add_argument("--splits", type=int, nargs="*", default=[7, 14])
     args = ap.parse_args()
-    print(f"# device: {torch.cuda.get_device_name()}; time_cuda medians (L2 warm); x = cuBLAS time / time")
-    print(f"{'W':>11} {'sp':>4} {'N':>3} {'variant':28} {'us':>7} {'x':>6} {'err':>8}  spec")
+    print_header()
     for shape in args.shapes:
         m, k = map(int, shape.split("x"))
         for s in args.sparsity:
@@ -265,18 +258,8 @@ def main() -> int:
                               for a in (bitmaps, values, offs))
             dense = torch.from_numpy(w.toarray()).to(torch.float16).cuda()
             for n in args.n:
-                x = torch.randn(k, n, device="cuda", dtype=torch.float16)
-                ref = dense.float() @ x.float()
-                cublas = time_cuda(lambda: torch.matmul(dense, x))["median_ms"]
-                rows = [("cuBLAS fp16", cublas, 0.0, "torch.matmul")]
-                for label, options in (("selected", {}), ("bitmap g1", {"family": "tiled_bitmap_spmm", "granule": 1}),
-                                       ("bitmap g2", {"family": "tiled_bitmap_spmm", "granule": 2}),
-                                       ("csl", {"family": "tiled_csl_spmm"})):
-                    kern = sparsegen.compile(w, n=n, dtype="float16", options=options or None)
-                    yk = torch.empty(m, n, dtype=torch.float16, device="cuda")
-                    kern(x, out=yk)
-                    err = float(torch.linalg.norm(yk.float() - ref) / torch.linalg.norm(ref))
-                    rows.append((label, time_cuda(lambda: kern(x, out=yk))["median_ms"], err, kern.spec.name))
+                x, ref, cublas, rows = start_case(dense, n)
+                time_baselines(w, x, ref, ("selected", "bitmap g1", "bitmap g2", "csl"), rows)
                 for split in args.splits:
                     for stages, min_blocks in ((3, 4), (4, 4)):
                         name = f"scatter sk{split} st{stages} mb{min_blocks}"
@@ -292,13 +275,9 @@ def main() -> int:
                         def launch():
                             func.prepared_call(grid, block, *ptrs, shared_size=shared)
 
-                        launch()
-                        torch.cuda.synchronize()
-                        err = float(torch.linalg.norm(y - ref) / torch.linalg.norm(ref))
-                        rows.append((name, time_cuda(launch)["median_ms"], err, f"{shared} B shared"))
-                for label, ms, err, spec in rows:
-                    print(f"{shape:>11} {s:4.2f} {n:3d} {label:28} {ms * 1e3:7.1f} {cublas / ms:6.2f} {err:8.1e}  {spec}",
-                          flush=True)
+                        ms, err = time_prototype(launch, y, ref)
+                        rows.append((name, ms, err, f"{shared} B shared"))
+                print_rows(shape, s, n, rows, cublas)
             print(f"# encoded {shape} at {s} in {enc_s:.1f} s; {w.nnz} nonzeros; fullest tile {value_bytes // 2} values")
     return 0
 

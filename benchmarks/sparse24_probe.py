@@ -53,11 +53,14 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from standalone_probe import CUDA_PRELUDE, print_header, print_rows, start_case, time_baselines, time_prototype  # noqa: E402
 
 TILE_M, TILE_K = 128, 64
 
@@ -105,12 +108,7 @@ constexpr int NF = N / 8;
 constexpr unsigned FULL = 0xffffffffu;
 static_assert(STAGE % 16 == 0, "16-byte copies");
 
-__device__ __forceinline__ uint32_t saddr(const void* p) {{ return (uint32_t)__cvta_generic_to_shared(p); }}
-__device__ __forceinline__ void cp16(uint32_t dst, const void* src) {{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src) : "memory");
-}}
-__device__ __forceinline__ void commit() {{ asm volatile("cp.async.commit_group;\n" ::: "memory"); }}
-template <int P> __device__ __forceinline__ void wait_groups() {{ asm volatile("cp.async.wait_group %0;\n" :: "n"(P) : "memory"); }}
+{PRELUDE}
 __device__ __forceinline__ int xpos(int row, int c) {{ const int g = row * X_CHUNKS + c; return g ^ ((g >> 3) & 7); }}
 __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t a) {{
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{%0,%1,%2,%3}}, [%4];\n"
@@ -297,12 +295,17 @@ sparse24(const uint32_t* __restrict__ bitmaps, const unsigned short* __restrict_
 """
 
 
+@dataclass
 class Encoded:
     """The probe's arrays: bitmap words, values, per-tile warp starts; the kept W and the residual."""
 
-    def __init__(self, bitmaps, values, offs, value_bytes, kept, residual_nnz, pairs):
-        self.bitmaps, self.values, self.offs, self.pairs = bitmaps, values, offs, pairs
-        self.value_bytes, self.kept, self.residual_nnz = value_bytes, kept, residual_nnz
+    bitmaps: np.ndarray
+    values: np.ndarray
+    offs: np.ndarray
+    value_bytes: int  # the fullest tile's values (padded), the ring slot's size
+    kept: sp.csr_matrix  # W less the residual: what the kernel multiplies
+    residual_nnz: int
+    pairs: bool
 
 
 def encode(w: sp.csr_matrix, pairs: bool = False) -> Encoded:
@@ -477,7 +480,7 @@ def build(m, k, n, split, stages, value_bytes, min_blocks, pairs=False, ordered=
     vb = -(-value_bytes // 16) * 16
     src = SOURCE.format(M=m, K=k, N=n, SPLIT=split, STAGES=stages, VALUE_BYTES=vb, MIN_BLOCKS=min_blocks,
                         ORDERED="::ordered_metadata" if ordered else "", PAIRS="true" if pairs else "false",
-                        LUT_LO0=LUT_LO[0], LUT_LO1=LUT_LO[1], LUT_HI0=LUT_HI[0], LUT_HI1=LUT_HI[1])
+                        LUT_LO0=LUT_LO[0], LUT_LO1=LUT_LO[1], LUT_HI0=LUT_HI[0], LUT_HI1=LUT_HI[1], PRELUDE=CUDA_PRELUDE)
     shared = stages * (TILE_K * n * 2 + TILE_M * TILE_K // 8 + 32 + vb)
     cubin = nvcc.compile_cubin(src, "sm_90", name="sparse24")
     func = runtime.load_function(f"sparse24-{m}-{k}-{n}-{split}-{stages}-{vb}-{min_blocks}-{pairs}-{ordered}", cubin,
@@ -501,13 +504,10 @@ def main() -> int:
         return check()
     import torch
 
-    import sparsegen
-    from sparsegen.bench.timing import time_cuda
     from tiled_probe import random_weight
 
     variants = [tuple(map(int, v.split(":"))) for v in args.variants.split(",")]
-    print(f"# device: {torch.cuda.get_device_name()}; time_cuda medians (L2 warm); x = cuBLAS time / time")
-    print(f"{'W':>11} {'sp':>4} {'N':>3} {'variant':28} {'us':>7} {'x':>6} {'err':>8}  spec")
+    print_header()
     for shape in args.shapes:
         m, k = map(int, shape.split("x"))
         for s in args.sparsity:
@@ -521,19 +521,9 @@ def main() -> int:
             dense = torch.from_numpy(w.toarray()).to(torch.float16).cuda()
             kept = torch.from_numpy(enc.kept.toarray()).to(torch.float16).cuda()
             for n in args.n:
-                x = torch.randn(k, n, device="cuda", dtype=torch.float16)
-                ref = dense.float() @ x.float()
+                x, ref, cublas, rows = start_case(dense, n)
                 ref_kept = kept.float() @ x.float()
-                cublas = time_cuda(lambda: torch.matmul(dense, x))["median_ms"]
-                rows = [("cuBLAS fp16", cublas, 0.0, "torch.matmul")]
-                for label, options in (("selected", {}), ("bitmap g2", {"family": "tiled_bitmap_spmm", "granule": 2}),
-                                       ("csl", {"family": "tiled_csl_spmm"})):
-                    kern = sparsegen.compile(w, n=n, dtype="float16", options=options or None)
-                    yk = torch.empty(m, n, dtype=torch.float16, device="cuda")
-                    kern(x, out=yk)
-                    err = float(torch.linalg.norm(yk.float() - ref) / torch.linalg.norm(ref))
-                    rows.append((label, time_cuda(lambda: kern(x, out=yk))["median_ms"], err, kern.spec.name))
-                    del kern
+                time_baselines(w, x, ref, ("selected", "bitmap g2", "csl"), rows)
                 for mode, e in encs.items():
                     for split in args.splits:
                         for stages, min_blocks in variants:
@@ -554,14 +544,9 @@ def main() -> int:
                             def launch():
                                 func.prepared_call(grid, block, *ptrs, shared_size=shared)
 
-                            launch()
-                            torch.cuda.synchronize()
-                            err = float(torch.linalg.norm(y - ref_kept) / torch.linalg.norm(ref_kept))
-                            rows.append((name, time_cuda(launch)["median_ms"], err,
-                                         f"{shared} B shared, {e.values.nbytes + e.bitmaps.nbytes} B encoded"))
-                for label, ms, err, spec in rows:
-                    print(f"{shape:>11} {s:4.2f} {n:3d} {label:28} {ms * 1e3:7.1f} {cublas / ms:6.2f} {err:8.1e}  {spec}",
-                          flush=True)
+                            ms, err = time_prototype(launch, y, ref_kept)
+                            rows.append((name, ms, err, f"{shared} B shared, {e.values.nbytes + e.bitmaps.nbytes} B encoded"))
+                print_rows(shape, s, n, rows, cublas)
             print(f"# encoded {shape} at {s} in {enc_s:.1f} s; {w.nnz} nonzeros, residual (not applied) "
                   f"{enc.residual_nnz} ({100 * enc.residual_nnz / w.nnz:.2f} %); fullest tile {enc.value_bytes // 2} values",
                   flush=True)

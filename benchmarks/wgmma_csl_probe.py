@@ -37,11 +37,14 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from standalone_probe import CUDA_PRELUDE, print_header, print_rows, start_case, time_baselines, time_prototype  # noqa: E402
 
 TILE_M, TILE_K = 128, 64
 PAD_OFFSET = TILE_M * TILE_K  # a padding word's target: one half past the dense tile
@@ -72,12 +75,7 @@ constexpr uint32_t A_LBO = 128, A_SBO = 1024;
 constexpr uint32_t X_SBO = 128, X_LBO = X_CHUNKS * 128;
 static_assert(STAGE % 16 == 0 && AHEAD >= 1, "ring");
 
-__device__ __forceinline__ uint32_t saddr(const void* p) {{ return (uint32_t)__cvta_generic_to_shared(p); }}
-__device__ __forceinline__ void cp16(uint32_t dst, const void* src) {{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src) : "memory");
-}}
-__device__ __forceinline__ void commit() {{ asm volatile("cp.async.commit_group;\n" ::: "memory"); }}
-template <int P> __device__ __forceinline__ void wait_groups() {{ asm volatile("cp.async.wait_group %0;\n" :: "n"(P) : "memory"); }}
+{PRELUDE}
 __device__ __forceinline__ void proxy_fence() {{ asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }}
 __device__ __forceinline__ void wg_fence() {{ asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }}
 __device__ __forceinline__ void wg_commit() {{ asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }}
@@ -211,9 +209,11 @@ def a_offset(r, c):
     return ((r // 8) * 8 + c // 8) * 64 + (r % 8) * 8 + c % 8
 
 
+@dataclass
 class Encoded:
-    def __init__(self, words, offs, word_bytes):
-        self.words, self.offs, self.word_bytes = words, offs, word_bytes
+    words: np.ndarray  # per tile its nonzeros' 32-bit words, runs padded to 4
+    offs: np.ndarray  # first word of each tile, then the end
+    word_bytes: int  # the fullest tile's words (padded), the ring slot's size
 
 
 def encode(w: sp.csr_matrix) -> Encoded:
@@ -269,27 +269,50 @@ def check() -> int:
     return 0
 
 
-def source(m, k, n, split, stages, word_bytes, min_blocks, decode=True, mma=True, fence=True, xcopy=True,
-           rotate=0, xrows=False) -> str:
+@dataclass(frozen=True)
+class Variant:
+    """One kernel of the probe: its grid and ring, and the ablations (parts left out, for timing only)."""
+
+    split: int
+    stages: int
+    min_blocks: int
+    decode: bool = True  # False: no zero-fill and no scatter (wrong product)
+    mma: bool = True  # False: no wgmma either
+    fence: bool = True  # False: no proxy fence either
+    xcopy: bool = True  # False: no X tile copies either
+    rotate: int = 0  # each row tile's k-order rotated by rotate * row tile (mod its tiles)
+    xrows: bool = False  # X copied along its rows instead of 8 threads per core matrix
+
+    @property
+    def label(self) -> str:
+        return (f"wgmma-csl sk{self.split} st{self.stages} mb{self.min_blocks}" + ("" if self.decode else " -decode")
+                + ("" if self.mma else " -mma") + ("" if self.fence else " -fence") + ("" if self.xcopy else " -x")
+                + (f" rot{self.rotate}" if self.rotate else "") + (" xrows" if self.xrows else ""))
+
+
+# --ablate: the full kernel, then one part more left out at each step
+ABLATIONS = ({}, {"decode": False}, {"decode": False, "mma": False}, {"decode": False, "mma": False, "fence": False},
+             {"decode": False, "mma": False, "fence": False, "xcopy": False})
+
+
+def source(m, k, n, word_bytes, v: Variant) -> str:
     regs = n // 2  # per m64 block: N/8 chunks x 4 floats per thread
     acc_list = ", ".join(f"%{i}" for i in range(regs))
     acc_ops = ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(regs))
-    return SOURCE.format(M=m, K=k, N=n, SPLIT=split, STAGES=stages, WORD_BYTES=-(-word_bytes // 128) * 128,
-                         MIN_BLOCKS=min_blocks, ACC_LIST=acc_list, ACC_OPS=acc_ops, IA=regs, IB=regs + 1,
-                         DECODE="true" if decode else "false", MMA="true" if mma else "false",
-                         FENCE="true" if fence else "false", XCOPY="true" if xcopy else "false",
-                         ROTATE=rotate, XROWS=int(xrows))
+    flag = {True: "true", False: "false"}
+    return SOURCE.format(M=m, K=k, N=n, SPLIT=v.split, STAGES=v.stages, WORD_BYTES=-(-word_bytes // 128) * 128,
+                         MIN_BLOCKS=v.min_blocks, ACC_LIST=acc_list, ACC_OPS=acc_ops, IA=regs, IB=regs + 1,
+                         DECODE=flag[v.decode], MMA=flag[v.mma], FENCE=flag[v.fence], XCOPY=flag[v.xcopy],
+                         ROTATE=v.rotate, XROWS=int(v.xrows), PRELUDE=CUDA_PRELUDE)
 
 
-def build(m, k, n, split, stages, word_bytes, min_blocks, decode=True, mma=True, fence=True, xcopy=True, rotate=0,
-          xrows=False):
+def build(m, k, n, word_bytes, v: Variant):
     from sparsegen import nvcc, runtime
 
-    src = source(m, k, n, split, stages, word_bytes, min_blocks, decode, mma, fence, xcopy, rotate, xrows)
-    shared = stages * (TILE_K * n * 2 + -(-word_bytes // 128) * 128) + 2 * (TILE_M * TILE_K * 2 + 128)
+    src = source(m, k, n, word_bytes, v)
+    shared = v.stages * (TILE_K * n * 2 + -(-word_bytes // 128) * 128) + 2 * (TILE_M * TILE_K * 2 + 128)
     cubin = nvcc.compile_cubin(src, "sm_90a", name="wgmma_csl")
-    func = runtime.load_function(f"wgmma-csl-{m}-{k}-{n}-{split}-{stages}-{word_bytes}-{min_blocks}-{decode}-{mma}-{fence}-{xcopy}-{rotate}-{xrows}", cubin,
-                                 "wgmma_csl", shared)
+    func = runtime.load_function(f"wgmma-csl-{m}-{k}-{n}-{word_bytes}-{v}", cubin, "wgmma_csl", shared)
     func.prepare("PPPP")
     return func, shared, src
 
@@ -303,7 +326,7 @@ def main() -> int:
     ap.add_argument("--max-splits", type=int, default=3, help="auto: the first this many of the split grid")
     ap.add_argument("--variants", default="4:2", help="stages:min_blocks pairs")
     ap.add_argument("--baselines", default="selected,bitmap g2,csl")
-    ap.add_argument("--ablate", action="store_true", help="also time each variant without its zero-fill and scatter")
+    ap.add_argument("--ablate", action="store_true", help="also time each variant with parts left out, one more at each step (ABLATIONS)")
     ap.add_argument("--rotate", type=int, nargs="*", default=[0], help="k-order rotations to time (0: every block from its first k-tile)")
     ap.add_argument("--xrows", type=int, nargs="*", default=[0], choices=[0, 1],
                     help="X copy mappings to time: 0 = 8 threads per core matrix, 1 = consecutive threads along a row")
@@ -313,21 +336,19 @@ def main() -> int:
         return check()
     import torch
 
-    import sparsegen
-    from sparsegen.bench.timing import time_cuda
     from tiled_probe import random_weight
 
-    baselines = {"selected": {}, "bitmap g2": {"family": "tiled_bitmap_spmm", "granule": 2},
-                 "csl": {"family": "tiled_csl_spmm"}}
     wanted = [b.strip() for b in args.baselines.split(",") if b.strip()]
-    variants = [tuple(map(int, v.split(":"))) for v in args.variants.split(",")]
-    print(f"# device: {torch.cuda.get_device_name()}; time_cuda medians (L2 warm); x = cuBLAS time / time")
-    print(f"{'W':>11} {'sp':>4} {'N':>3} {'variant':28} {'us':>7} {'x':>6} {'err':>8}  spec")
+    rings = [tuple(map(int, v.split(":"))) for v in args.variants.split(",")]
+    print_header()
     for shape in args.shapes:
         m, k = map(int, shape.split("x"))
         row_tiles = m // TILE_M
         splits = ([s for s in (1, 2, 3, 4, 7, 14) if 0.8 * 264 <= row_tiles * s <= 4 * 264][:args.max_splits] if args.splits == "auto"
                   else [int(s) for s in args.splits.split(",")])
+        variants = [Variant(split, stages, min_blocks, rotate=rotate, xrows=bool(xrows), **ablation)
+                    for split in splits for stages, min_blocks in rings for ablation in (ABLATIONS if args.ablate else ({},))
+                    for rotate in args.rotate for xrows in args.xrows]
         for s in args.sparsity:
             w = random_weight(m, k, 1 - s, seed=m + 7 * k + int(round(100 * s)))
             t0 = time.time()
@@ -337,50 +358,28 @@ def main() -> int:
             d_o = torch.from_numpy(enc.offs).cuda()
             dense = torch.from_numpy(w.toarray()).to(torch.float16).cuda()
             for n in args.n:
-                x = torch.randn(k, n, device="cuda", dtype=torch.float16)
-                ref = dense.float() @ x.float()
-                cublas = time_cuda(lambda: torch.matmul(dense, x))["median_ms"]
-                rows = [("cuBLAS fp16", cublas, 0.0, "torch.matmul")]
-                for label in wanted:
-                    kern = sparsegen.compile(w, n=n, dtype="float16", options=baselines[label] or None)
-                    yk = torch.empty(m, n, dtype=torch.float16, device="cuda")
-                    kern(x, out=yk)
-                    err = float(torch.linalg.norm(yk.float() - ref) / torch.linalg.norm(ref))
-                    rows.append((label, time_cuda(lambda: kern(x, out=yk))["median_ms"], err, kern.spec.name))
-                    del kern
-                for split in splits:
-                    modes = (((True, True, True, True), (False, True, True, True), (False, False, True, True),
-                              (False, False, False, True), (False, False, False, False))
-                             if args.ablate else ((True, True, True, True),))
-                    for (stages, min_blocks), (decode, mma, fence, xcopy), rotate, xrows in [
-                            (v, d, r, xr) for v in variants for d in modes for r in args.rotate for xr in args.xrows]:
-                        name = (f"wgmma-csl sk{split} st{stages} mb{min_blocks}" + ("" if decode else " -decode")
-                                + ("" if mma else " -mma") + ("" if fence else " -fence") + ("" if xcopy else " -x")
-                                + (f" rot{rotate}" if rotate else "") + (" xrows" if xrows else ""))
-                        try:
-                            func, shared, _ = build(m, k, n, split, stages, enc.word_bytes, min_blocks, decode, mma, fence,
-                                                    xcopy, rotate, bool(xrows))
-                        except Exception as exc:  # noqa: BLE001 - a probe reports and goes on
-                            print(f"{shape:>11} {s:4.2f} {n:3d} {name:28} build failed: {str(exc)[-1500:]}", flush=True)
-                            continue
-                        y = torch.zeros(m, n, dtype=torch.float32, device="cuda")
-                        grid, block = (1, row_tiles, split), (128, 1, 1)
-                        ptrs = [d_w.data_ptr(), d_o.data_ptr(), x.data_ptr(), y.data_ptr()]
+                x, ref, cublas, rows = start_case(dense, n)
+                time_baselines(w, x, ref, wanted, rows)
+                for v in variants:
+                    try:
+                        func, shared, _ = build(m, k, n, enc.word_bytes, v)
+                    except Exception as exc:  # noqa: BLE001 - a probe reports and goes on
+                        print(f"{shape:>11} {s:4.2f} {n:3d} {v.label:28} build failed: {str(exc)[-1500:]}", flush=True)
+                        continue
+                    y = torch.zeros(m, n, dtype=torch.float32, device="cuda")
+                    grid, block = (1, row_tiles, v.split), (128, 1, 1)
+                    ptrs = [d_w.data_ptr(), d_o.data_ptr(), x.data_ptr(), y.data_ptr()]
 
-                        def launch():
-                            func.prepared_call(grid, block, *ptrs, shared_size=shared)
+                    def launch():
+                        func.prepared_call(grid, block, *ptrs, shared_size=shared)
 
-                        try:
-                            launch()
-                            torch.cuda.synchronize()
-                        except Exception as exc:  # noqa: BLE001
-                            print(f"{shape:>11} {s:4.2f} {n:3d} {name:28} launch failed: {exc}", flush=True)
-                            return 1
-                        err = float(torch.linalg.norm(y - ref) / torch.linalg.norm(ref))
-                        rows.append((name, time_cuda(launch)["median_ms"], err, f"{shared} B shared"))
-                for label, ms, err, spec in rows:
-                    print(f"{shape:>11} {s:4.2f} {n:3d} {label:28} {ms * 1e3:7.1f} {cublas / ms:6.2f} {err:8.1e}  {spec}",
-                          flush=True)
+                    try:
+                        ms, err = time_prototype(launch, y, ref)
+                    except Exception as exc:  # noqa: BLE001
+                        print(f"{shape:>11} {s:4.2f} {n:3d} {v.label:28} launch failed: {exc}", flush=True)
+                        return 1
+                    rows.append((v.label, ms, err, f"{shared} B shared"))
+                print_rows(shape, s, n, rows, cublas)
             print(f"# encoded {shape} at {s} in {enc_s:.1f} s; {w.nnz} nonzeros; fullest tile {enc.word_bytes // 4} words",
                   flush=True)
     return 0
