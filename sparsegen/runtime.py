@@ -50,7 +50,7 @@ def available() -> bool:
 def device():
     drv = _driver()
     if "device" not in _state:
-        ordinal = int(os.environ.get(ENV_DEVICE, "0"))
+        ordinal = device_ordinal()
         if not 0 <= ordinal < drv.Device.count():
             raise LaunchError(f"{ENV_DEVICE}={ordinal} but only {drv.Device.count()} CUDA device(s) exist")
         _state["device"] = drv.Device(ordinal)
@@ -58,7 +58,11 @@ def device():
 
 
 def device_ordinal() -> int:
-    return int(os.environ.get(ENV_DEVICE, "0"))
+    """The device sparsegen runs on: SPARSEGEN_DEVICE, read once per process (as the context is
+    made once); every call checks its operands against it, and os.environ costs microseconds."""
+    if "ordinal" not in _state:
+        _state["ordinal"] = int(os.environ.get(ENV_DEVICE, "0"))
+    return _state["ordinal"]
 
 
 def current_arch() -> str | None:
@@ -134,7 +138,16 @@ def upload(arrays: dict) -> dict:
 
 # ---- operands ------------------------------------------------------------------------------
 
+def is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
 def is_gpu_array(x) -> bool:
+    """A device array: a PyTorch CUDA tensor, or anything with `__cuda_array_interface__`. PyTorch
+    answers through is_cuda: hasattr would build a tensor's interface dict, which costs more than
+    the launch itself."""
+    if is_torch(x):
+        return bool(x.is_cuda)
     return hasattr(x, "__cuda_array_interface__")
 
 
@@ -173,13 +186,12 @@ def _c_strides(shape, itemsize) -> tuple:
 
 def _empty_like_framework(x, shape, dtype):
     """A new GPU array of the same library as `x` (PyTorch, CuPy, else PyCUDA's GPUArray)."""
-    module = type(x).__module__.split(".")[0]
-    if module == "torch":
+    if is_torch(x):
         import torch
 
         name = dtype if isinstance(dtype, str) else np.dtype(dtype).name  # "bfloat16" has no NumPy dtype
-        return torch.empty(shape, dtype=getattr(torch, name), device=x.device)
-    if module == "cupy":
+        return torch.empty(shape, dtype=torch_dtype(name), device=x.device)
+    if type(x).__module__.split(".")[0] == "cupy":
         import cupy
 
         return cupy.empty(shape, dtype=dtype)
@@ -226,6 +238,27 @@ def scratch_buffers(all_steps, plan) -> dict:
     return out
 
 
+def _direct_launch(func):
+    """`launch(grid, block, values, shared_bytes, stream)` for a prepared PyCUDA function: what its
+    prepared_call does (pack the arguments by the prepared format, launch), without that call's
+    per-launch keyword handling, import and deprecated block-shape call, which cost as much host time as
+    the launch itself on a small kernel. None where this PyCUDA lacks the pieces (or the function uses
+    texture references): the caller keeps prepared_call."""
+    try:
+        from pycuda._pvt_struct import pack
+    except ImportError:
+        return None
+    launch_kernel = getattr(func, "_launch_kernel", None)
+    if launch_kernel is None or getattr(func, "texrefs", None):
+        return None
+    fmt = func.arg_format
+
+    def launch(grid, block, values, shared_bytes, stream):
+        launch_kernel(grid, block, pack(fmt, *values), shared_bytes, stream)
+
+    return launch
+
+
 class _Prepared:
     """One step's launch worked out once: loaded function, geometry, and the argument template
     (fixed values in place; operand slots hold the operand's name, filled per call)."""
@@ -233,12 +266,13 @@ class _Prepared:
     def __init__(self, kernel, step, device_plan, plan):
         geometry = step.launch
         self.name = step.kernel
-        self.grid, self.block, self.shared = geometry.grid, geometry.block, geometry.shared_bytes
+        self.grid, self.block, self.shared = tuple(geometry.grid), tuple(geometry.block), geometry.shared_bytes
         self.empty = 0 in geometry.grid  # nothing to compute (no rows, or no columns)
-        self.func = None
+        self.func = self.fast = None
         if not self.empty:
             self.func = load_function(kernel.cubin_key, kernel.cubin, step.kernel, self.shared)
             self.func.prepare(arg_format(step.args))
+            self.fast = _direct_launch(self.func)
         self.template = [int(device_plan[a.name]) if a.kind in ("plan", "scratch") else
                          np.int32(plan.constants[a.name]) if a.kind == "int" else a.name for a in step.args]
         self.slots = [i for i, v in enumerate(self.template) if isinstance(v, str)]
@@ -247,7 +281,9 @@ class _Prepared:
         values = list(self.template)
         for i in self.slots:
             values[i] = ptrs[values[i]]
-        if stream is None:
+        if self.fast is not None:
+            self.fast(self.grid, self.block, values, self.shared, stream)
+        elif stream is None:
             self.func.prepared_call(self.grid, self.block, *values, shared_size=self.shared)
         else:
             self.func.prepared_async_call(self.grid, self.block, stream, *values, shared_size=self.shared)
@@ -452,22 +488,35 @@ def _run_device(launcher, inputs, out, stream):
 
 
 def _device_pointer(x, exp, role: str, align: int) -> int:
-    ptr = _check_torch(x, exp, role) if type(x).__module__.startswith("torch") else _check_gpu(x, exp, role)
+    ptr = _check_torch(x, exp, role) if is_torch(x) else _check_gpu(x, exp, role)
     check_alignment(ptr, align, f"{role} {exp.name}")
     return ptr
 
 
+def torch_dtype(name: str):
+    """torch's dtype object for a dtype name, cached: each call compares operands against it."""
+    dtypes = _state.setdefault("torch_dtypes", {})
+    if name not in dtypes:
+        import torch
+
+        dtypes[name] = getattr(torch, name)
+    return dtypes[name]
+
+
 def _check_torch(x, exp, role: str) -> int:
-    """PyTorch tensors, read through their own attributes: building `__cuda_array_interface__`
-    costs more than the rest of a launch."""
-    if tuple(x.shape) != tuple(exp.shape):
+    """PyTorch tensors, read through their own attributes (a tensor's `__cuda_array_interface__`
+    costs more than the rest of a launch); every check a comparison of cached objects."""
+    if x.shape != tuple(exp.shape):
         raise ShapeError(f"{role} {exp.name}: expected shape {tuple(exp.shape)}, got {tuple(x.shape)}")
-    if str(x.dtype) != f"torch.{exp.dtype}":
+    if x.dtype is not torch_dtype(exp.dtype):
         raise ShapeError(f"{role} {exp.name}: expected dtype {exp.dtype}, got {str(x.dtype).replace('torch.', '')}")
     if not x.is_contiguous():
         raise ShapeError(f"{role} {exp.name}: expected a C-contiguous (row-major) array, got strides {x.stride()}")
-    if x.device.type != "cuda" or x.device.index != device_ordinal():
+    if x.get_device() != device_ordinal():
         raise ShapeError(f"{role} {exp.name}: expected an array on cuda:{device_ordinal()}, got {x.device}")
+    if x.requires_grad:
+        raise ShapeError(f"{role} {exp.name}: the tensor requires grad, but sparsegen kernels have no backward; "
+                         f"pass it detached (x.detach())")
     return x.data_ptr()
 
 

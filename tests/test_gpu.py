@@ -158,6 +158,12 @@ def test_torch_and_cupy_arrays_are_used_zero_copy():
             kernel(torch.empty((128, 256), device="cuda").t())
         with pytest.raises(ShapeError, match="past alignment"):
             kernel(torch.empty(256 * 128 + 1, device="cuda")[1:].view(256, 128))
+        with pytest.raises(ShapeError, match=r"expected shape \(256, 128\), got \(255, 128\)"):
+            kernel(xt[:255])
+        with pytest.raises(ShapeError, match="output y: expected dtype float32, got float16"):
+            kernel(xt, out=torch.empty((300, 128), dtype=torch.float16, device="cuda"))
+        with pytest.raises(ShapeError, match="requires grad"):
+            kernel(xt.clone().requires_grad_())
         ran += 1
     try:
         import cupy
