@@ -139,7 +139,9 @@ def upload(arrays: dict) -> dict:
 # ---- operands ------------------------------------------------------------------------------
 
 def is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch")
+    """A PyTorch tensor (or subclass, such as nn.Parameter), told by its class's module."""
+    module = type(x).__module__
+    return module == "torch" or module.startswith("torch.")
 
 
 def is_gpu_array(x) -> bool:
