@@ -36,7 +36,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from sparsegen import nvcc, runtime  # noqa: E402
-from standalone_probe import CUDA_PRELUDE, print_header, print_rows, start_case, time_baselines, time_prototype  # noqa: E402
+from standalone_probe import (CUDA_PRELUDE, print_header, print_rows, slice_offsets, start_case,  # noqa: E402
+                              tile_starts, time_baselines, time_prototype)
 from tiled_probe import random_weight  # noqa: E402
 
 TILE_M, TILE_K = 128, 64
@@ -214,15 +215,12 @@ def encode(w, m: int, k: int):
     bitmaps = np.zeros(tiles * TILE_M, dtype=np.uint64)
     bitmaps[rowid[starts]] = np.bitwise_or.reduceat(bits, starts)
     per_tile = np.bincount(tile, minlength=tiles)
-    padded = -(-per_tile // 8) * 8
-    tile_start = np.r_[0, np.cumsum(padded)]
+    padded, tile_start = tile_starts(per_tile)
     first = np.r_[0, np.cumsum(per_tile)]
     values = np.zeros(int(tile_start[-1]) + 8, dtype=np.float16)
     values[tile_start[tile] + (np.arange(tile.size) - first[tile])] = vals
     per_warp = np.bincount(tile * 4 + (rowid % TILE_M) // 32, minlength=tiles * 4).reshape(tiles, 4)
-    warp_start = tile_start[:-1, None] + np.c_[np.zeros(tiles, dtype=np.int64), np.cumsum(per_warp, axis=1)[:, :3]]
-    offs = np.r_[warp_start.ravel(), np.full(4, tile_start[-1])].astype(np.int32)
-    return bitmaps, values, offs, int(padded.max()) * 2
+    return bitmaps, values, slice_offsets(tile_start, per_warp), int(padded.max()) * 2
 
 
 def build(m, k, n, split, stages, value_bytes, min_blocks):

@@ -22,27 +22,12 @@ import io
 import os
 import pstats
 import sys
-import time
-
-import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from launch_overhead import per_call_us  # noqa: E402  (the same loop: host time per call)
+
 LAYER = "rn50/magnitude_pruning/0.95/bottleneck_2_block_group4_1_1"
-
-
-def per_call_us(fn, calls: int) -> float:
-    """Wall time per call of `calls` back-to-back calls, synchronised only at the ends."""
-    import torch
-
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return 1e6 * (time.perf_counter() - t) / calls
 
 
 def profile(fn, calls: int, top: int = 18) -> str:

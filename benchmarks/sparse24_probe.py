@@ -60,7 +60,8 @@ import scipy.sparse as sp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from standalone_probe import CUDA_PRELUDE, print_header, print_rows, start_case, time_baselines, time_prototype  # noqa: E402
+from standalone_probe import (CUDA_PRELUDE, print_header, print_rows, slice_offsets, start_case,  # noqa: E402
+                              tile_starts, time_baselines, time_prototype)
 
 TILE_M, TILE_K = 128, 64
 
@@ -357,8 +358,7 @@ def encode(w: sp.csr_matrix, pairs: bool = False) -> Encoded:
         g_tile = tile[order][start]
         g_warp = warp[order][start]
         per_tile = 2 * np.bincount(g_tile, minlength=tiles)
-        padded = -(-per_tile // 8) * 8
-        tile_start = np.r_[0, np.cumsum(padded)]
+        padded, tile_start = tile_starts(per_tile)
         first_g = np.r_[0, np.cumsum(per_tile // 2)]
         gpos = tile_start[g_tile] + 2 * (np.arange(g_tile.size) - first_g[g_tile])
         values = np.zeros(int(tile_start[-1]) + 16, dtype=np.float16)
@@ -369,14 +369,12 @@ def encode(w: sp.csr_matrix, pairs: bool = False) -> Encoded:
         order = np.argsort(key, kind="stable")
         tile_s, warp_s, v_s = tile[order], warp[order], v[order]
         per_tile = np.bincount(tile_s, minlength=tiles)
-        padded = -(-per_tile // 8) * 8
-        tile_start = np.r_[0, np.cumsum(padded)]
+        padded, tile_start = tile_starts(per_tile)
         first_nz = np.r_[0, np.cumsum(per_tile)]
         values = np.zeros(int(tile_start[-1]) + 16, dtype=np.float16)
         values[tile_start[tile_s] + (np.arange(tile_s.size) - first_nz[tile_s])] = v_s
         per_warp = np.bincount(tile_s * 4 + warp_s, minlength=tiles * 4).reshape(tiles, 4)
-    warp_start = tile_start[:-1, None] + np.c_[np.zeros(tiles, dtype=np.int64), np.cumsum(per_warp, axis=1)[:, :3]]
-    offs = np.r_[warp_start.ravel(), np.full(4, tile_start[-1])].astype(np.int32)
+    offs = slice_offsets(tile_start, per_warp)
     kept = sp.csr_matrix((v.astype(np.float32), (r, c)), shape=(m, k))
     return Encoded(bitmaps, values, offs, int(padded.max()) * 2 + 16, kept, residual_nnz, pairs)
 

@@ -8,6 +8,8 @@ A probe's CUDA source is a str.format template with doubled braces; it takes CUD
 """
 from __future__ import annotations
 
+import numpy as np
+
 # shared-memory address, 16-byte cp.async (L2 only), its group commit and wait
 CUDA_PRELUDE = r"""__device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void cp16(uint32_t dst, const void* src) {
@@ -19,6 +21,21 @@ template <int P> __device__ __forceinline__ void wait_groups() { asm volatile("c
 # the sparsegen kernels a probe can time beside its prototype: label -> compile options
 BASELINES = {"selected": {}, "bitmap g1": {"family": "tiled_bitmap_spmm", "granule": 1},
              "bitmap g2": {"family": "tiled_bitmap_spmm", "granule": 2}, "csl": {"family": "tiled_csl_spmm"}}
+
+
+def tile_starts(per_tile: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each tile's run of values padded to 8 halves (16-byte copies): (padded counts, the runs'
+    starts in halves, then the end)."""
+    padded = -(-per_tile // 8) * 8
+    return padded, np.r_[0, np.cumsum(padded)]
+
+
+def slice_offsets(tile_start: np.ndarray, per_warp: np.ndarray) -> np.ndarray:
+    """The 4-warp kernels' slice starts (int32): per tile, where each warp's values begin (the tile's
+    run in warp order), then the end four times, so tile u's slices are offs[4u .. 4u + 4]."""
+    tiles = per_warp.shape[0]
+    warp_start = tile_start[:-1, None] + np.c_[np.zeros(tiles, dtype=np.int64), np.cumsum(per_warp, axis=1)[:, :3]]
+    return np.r_[warp_start.ravel(), np.full(4, tile_start[-1])].astype(np.int32)
 
 
 def print_header() -> None:
