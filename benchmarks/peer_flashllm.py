@@ -58,10 +58,8 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import math
 import os
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -75,6 +73,7 @@ sys.path.insert(0, str(HERE))
 
 from sparsegen.bench import llm  # noqa: E402
 from sparsegen.bench.dlmc import seed_for  # noqa: E402
+from sparsegen.bench.report import geomean  # noqa: E402
 
 DEFAULT_LIB = ROOT / ".devpeer" / "libflashllm_peer.so"
 LIB_ENV = "SPARSEGEN_PEER_FLASHLLM_LIB"   # how the preparing workers find the library
@@ -244,11 +243,6 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
 def weight_of(m: int, k: int, s: float) -> llm.Weight:
     """The llm suite's Weight of that shape and sparsity (its id, hence its seed and its W)."""
     return llm.Weight(llm._opt_id((m, k), s), "opt", m, k, s)
-
-
-def geomean(values) -> float | None:
-    v = [x for x in values if x is not None and x > 0]
-    return math.exp(statistics.fmean(map(math.log, v))) if v else None
 
 
 # --------------------------------------------------------------------------- preparing weights

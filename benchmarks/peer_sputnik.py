@@ -56,6 +56,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from sparsegen.bench.report import geomean  # noqa: E402
 from sparsegen.bench.dlmc import (TOLERANCE, dlmc_matrices, relative_error,  # noqa: E402
                                   sddmm_reference, seed_for)
 
@@ -143,11 +144,6 @@ class GeomeanRow:
 
 def _ratio(num, den):
     return num / den if num and den and num > 0 and den > 0 else None
-
-
-def geomean(values) -> float | None:
-    values = [v for v in values if v is not None and v > 0]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
 def geomean_rows(cases: list[CaseResult]) -> list[GeomeanRow]:
