@@ -6,11 +6,12 @@ RESULTS: an `llm` benchmark document (llm.json: each case's forced-family times 
 `tiled_probe.py` table (tiled_probe.txt: every variant row with its spec). Every row gives a W shape,
 density, N, the spec that ran and its measured time; the model predicts that same spec's time
 (`skinny_cost.tiled_seconds` with the spec's tile height, split-K and reduction forced) for a
-uniform pattern of that density. The three rates, the fixed time (us) and the wide-block factor per family
-minimise the squared error of log time
+uniform pattern of that density. The three rates, the fixed time (us), the wide-block factor and
+the 16-column factor per family minimise the squared error of log time
 (Nelder-Mead from the current rates), and the script prints the fit's median and worst error per
 family before and after. `--only-defaults` keeps the probe's default rows and the rows whose spec
-the chooser would build now (the fit should serve the specs that are selected).
+the chooser would build now (the fit should serve the specs that are selected). `--only-n16` fits
+the 16-column factor alone, every other rate kept.
 """
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ def predict(row, rates) -> float:
     fam, m, k, density, n, spec, _ = row
     stats, request = case(m, k, density, n, spec)
     return skinny_cost.tiled_seconds(stats, request, fam.split(".")[0],
-                                     skinny_cost.TileRates(*rates[:3], rates[3] * 1e-6, rates[4]))
+                                     skinny_cost.TileRates(*rates[:3], rates[3] * 1e-6, *rates[4:6]))
 
 
 def errors(rows, rates) -> np.ndarray:
@@ -120,6 +121,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", nargs="+")
     ap.add_argument("--only-defaults", action="store_true")
+    ap.add_argument("--only-n16", action="store_true", help="fit the 16-column factor alone")
     ap.add_argument("--occupancy-h", type=float, default=None, help="try another _tiled.OCCUPANCY_H")
     ap.add_argument("--wide-two-step-scale", type=float, default=None, help="try another _tiled.WIDE_TWO_STEP_SCALE")
     args = ap.parse_args()
@@ -137,15 +139,23 @@ def main() -> int:
         mine = [r for r in rows if r[0] == fam]
         if not mine:
             continue
-        x0 = np.array([old.base, old.per_column, old.per_nonzero, max(old.fixed_s, 1e-6) * 1e6, old.wide])
+        x0 = np.array([old.base, old.per_column, old.per_nonzero, max(old.fixed_s, 1e-6) * 1e6, old.wide, old.n16])
+        free = [5] if args.only_n16 else list(range(6))
 
-        def loss(x):
+        def full(v):
+            x = x0.copy()
+            x[free] = v
+            return x
+
+        def loss(v):
+            x = full(v)
             if (x < 0).any():
                 return 1e9
             pred = np.array([predict(r, x) for r in mine])
             return float(np.sum(np.log(pred / np.array([r[-1] for r in mine])) ** 2))
 
-        fit = minimize(loss, x0, method="Nelder-Mead", options={"xatol": 1e-3, "fatol": 1e-6, "maxiter": 1500})
+        fit = minimize(loss, x0[free], method="Nelder-Mead", options={"xatol": 1e-3, "fatol": 1e-6, "maxiter": 1500})
+        fit.x = full(fit.x)
         total += fit.fun
         before, after = np.abs(errors(mine, x0)), np.abs(errors(mine, fit.x))
         print(f"{fam}: {len(mine)} rows; old {tuple(round(v, 3) for v in x0)} median {np.median(before):.1%} "

@@ -83,6 +83,7 @@ class TileRates:
     per_nonzero: float  # Tiled-CSL's scatter, bitmap's value reads
     fixed_s: float = 0.0  # per launch beyond LAUNCH_S: the pipeline filling, the last wave's tail
     wide: float = 1.0  # x the cycles of wide blocks (bn > 32): N = 64 off the line through N 8-32 (fitted)
+    n16: float = 1.0  # x the cycles of 16-column blocks: N = 16 under the line through N = 8, 32 (fitted)
 
 
 # Fitted by benchmarks/fit_skinny_rates.py (least squares on log time, Nelder-Mead) to H100 times of
@@ -99,10 +100,20 @@ class TileRates:
 # (the two encodings are within the model's error there; the split-K grids' partial last waves,
 # which stream-K Tiled-CSL avoids, decide several of them).
 # Keyed by `rates_key`: a family, and "tiled_bitmap_spmm.g2" for bitmap's register-pair encoding.
+#
+# n16 alone was fitted later (`fit_skinny_rates.py llm.json --only-n16`, every other rate kept) to the
+# 192 OPT cases' forced-family rows of stop 36's llm run at a1b6a6d: the line through N = 8 and 32
+# over-predicted 16-column blocks by 7-9 % in geomean (bitmap 1.075, register pairs 1.093, Tiled-CSL
+# 1.067), the bitmap rows most at 90 % (1.135), where Tiled-CSL's stream-K was picked on four large
+# shapes that register pairs ran 11-13 % faster. A full six-rate refit to the same rows halved the
+# log error too but moved five picks at 70-80 % to slower kernels: not taken.
 RATES = {
-    "tiled_csl_spmm": TileRates(base=224.373, per_column=8.143, per_nonzero=0.223, fixed_s=3.036e-6, wide=0.806),
-    "tiled_bitmap_spmm": TileRates(base=427.891, per_column=9.724, per_nonzero=0.047, fixed_s=4.419e-6, wide=0.930),
-    "tiled_bitmap_spmm.g2": TileRates(base=254.026, per_column=8.835, per_nonzero=0.089, fixed_s=4.546e-6, wide=0.936),
+    "tiled_csl_spmm": TileRates(base=224.373, per_column=8.143, per_nonzero=0.223, fixed_s=3.036e-6, wide=0.806,
+                                n16=0.928),
+    "tiled_bitmap_spmm": TileRates(base=427.891, per_column=9.724, per_nonzero=0.047, fixed_s=4.419e-6, wide=0.930,
+                                   n16=0.916),
+    "tiled_bitmap_spmm.g2": TileRates(base=254.026, per_column=8.835, per_nonzero=0.089, fixed_s=4.546e-6,
+                                      wide=0.936, n16=0.891),
 }
 TILE_FAMILIES = ("tiled_csl_spmm", "tiled_bitmap_spmm")
 DENSE = "dense_gemm"
@@ -160,8 +171,14 @@ def kernel_cycles(stats, family: str, granule: int, bn: int, n_tiles: int, sms: 
     bytes_per_cycle = ACHIEVED_BYTES_PER_S / (sms * T.CLOCK_HZ)
     per_tile = np.maximum(bytes_fn(nnz) / bytes_per_cycle,
                           rates.base + rates.per_column * bn + rates.per_nonzero * nnz)
-    wide = rates.wide if bn > T.NARROW_BN else 1.0
-    return n_tiles * wide * (float((per_tile * counts).sum()) + empty * EMPTY_TILE_CYCLES)
+    return n_tiles * column_factor(rates, bn) * (float((per_tile * counts).sum()) + empty * EMPTY_TILE_CYCLES)
+
+
+def column_factor(rates: TileRates, bn: int) -> float:
+    """The fitted departure of a block width's cycles from the rates' straight line in bn."""
+    if bn > T.NARROW_BN:
+        return rates.wide
+    return rates.n16 if bn == 16 else 1.0
 
 
 def kernel_seconds(stats, request: Request, family: str, granule: int = 1) -> float:
