@@ -739,6 +739,24 @@ def test_markdown_order_and_content():
     assert any("sparsity 0.7" in l and "yes" in l for l in lines) and "23 cases, 1 failed" in lines[-1]
 
 
+def test_markdown_cusparse_section_only_when_timed():
+    doc = {"suite": "llm", "gpu": "g", "driver": None, "cuda": None, "revision": None, "date": "d",
+           "command": "c", "cases": table_cases()}
+    md = llm.markdown(doc)
+    i_bw = md.index("## Fraction of the device copy bandwidth")
+    i_cs = md.index("## Geomean speedup over cuSPARSE")
+    i_model = md.index("## Real weights")
+    assert i_bw < i_cs < i_model
+    section = md[i_cs:i_model]
+    assert "| 0.7 | 20.00× | 20.00× | 20.00× | 20.00× | 20.00× | **20.00×** | 20.00× |" in section
+    # cuBLAS / cuSPARSE over the 17 passing OPT cases at N <= 64: 0.9 / 20 (the 9216 case) to 5.0 / 20
+    assert "cuSPARSE itself (N ≤ 64): 0.045–0.250× cuBLAS" in section and "17 cases" in section
+    for c in doc["cases"]:  # a --no-cusparse run: no section
+        c["ms"]["cusparse"] = None
+        c["speedup"]["vs_cusparse"] = None
+    assert "over cuSPARSE" not in llm.markdown(doc)
+
+
 def test_write_reports_png(tmp_path):
     pytest.importorskip("matplotlib")
     doc = {"suite": "llm", "gpu": "g", "driver": None, "cuda": None, "revision": None, "date": "d",

@@ -1296,6 +1296,7 @@ def markdown(doc: dict, *, png_name=None, png_note=None) -> str:
     if not rows:
         L.append("| – | – |" + " – |" * len(names))
     L.append("")
+    L += _cusparse_section(cases)
     if any(c.get("source") == "model" for c in cases):
         L += ["## Real weights (magnitude-pruned): geomean speedup over cuBLAS", ""]
         L += _speedup_section(cases, "model", with_targets=False)
@@ -1310,6 +1311,23 @@ def _speedup_section(cases, source, with_targets) -> list[str]:
         out += _grid(dtype, t, target=with_targets)
     if not table:
         out += ["(no passing case)", ""]
+    return out
+
+
+def _cusparse_section(cases) -> list[str]:
+    """The selected kernel over cuSPARSE, and cuSPARSE's own standing against cuBLAS, from the cases
+    that timed cuSPARSE in this run (none: the section is left out)."""
+    table = speedup_table(cases, "vs_cusparse")
+    if not any(g is not None for t in table.values() for _, _, g, _ in t["rows"]):
+        return []
+    out = ["## Geomean speedup over cuSPARSE of the selected kernel (OPT shapes)", ""]
+    for dtype, t in table.items():
+        out += _grid(dtype, t, target=False)
+    ratios = [c["ms"]["cublas"] / c["ms"]["cusparse"] for c in _ok(cases, "opt")
+              if c["n"] in CRITERION_N and (c.get("ms") or {}).get("cublas") and (c.get("ms") or {}).get("cusparse")]
+    if ratios:
+        out += [f"cuSPARSE itself (N ≤ 64): {min(ratios):.3f}–{max(ratios):.3f}× cuBLAS "
+                f"(geomean {report._x(report.geomean(ratios))}, {len(ratios)} cases).", ""]
     return out
 
 
