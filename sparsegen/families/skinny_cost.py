@@ -104,9 +104,10 @@ class TileRates:
 # n16 alone was fitted later (`fit_skinny_rates.py llm.json --only-n16`, every other rate kept) to the
 # 192 OPT cases' forced-family rows of stop 36's llm run at a1b6a6d: the line through N = 8 and 32
 # over-predicted 16-column blocks by 7-9 % in geomean (bitmap 1.075, register pairs 1.093, Tiled-CSL
-# 1.067), the bitmap rows most at 90 % (1.135), where Tiled-CSL's stream-K was picked on four large
-# shapes that register pairs ran 11-13 % faster. A full six-rate refit to the same rows halved the
-# log error too but moved five picks at 70-80 % to slower kernels: not taken.
+# 1.067), the bitmap rows most at 90 % (1.135), where Tiled-CSL was picked on five shapes (stream-K on
+# the four largest) that register pairs ran 4-15 % faster; re-measured with n16, those five ran
+# 1.04-1.15x faster and no other pick moved. A full six-rate refit to the same rows halved the log
+# error too but moved five picks at 70-80 % to slower kernels: not taken.
 RATES = {
     "tiled_csl_spmm": TileRates(base=224.373, per_column=8.143, per_nonzero=0.223, fixed_s=3.036e-6, wide=0.806,
                                 n16=0.928),
