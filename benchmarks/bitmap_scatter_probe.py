@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from sparsegen import nvcc, runtime  # noqa: E402
 from standalone_probe import (CUDA_PRELUDE, print_header, print_rows, slice_offsets, start_case,  # noqa: E402
                               tile_starts, time_baselines, time_prototype)
-from tiled_probe import random_weight  # noqa: E402
+from tiled_probe import probe_weight  # noqa: E402
 
 TILE_M, TILE_K = 128, 64
 
@@ -248,7 +248,7 @@ def main() -> int:
     for shape in args.shapes:
         m, k = map(int, shape.split("x"))
         for s in args.sparsity:
-            w = random_weight(m, k, 1 - s, seed=m + 7 * k + int(round(100 * s)))
+            w = probe_weight(m, k, s)
             t0 = time.time()
             bitmaps, values, offs, value_bytes = encode(w, m, k)
             enc_s = time.time() - t0

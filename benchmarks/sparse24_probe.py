@@ -502,14 +502,14 @@ def main() -> int:
         return check()
     import torch
 
-    from tiled_probe import random_weight
+    from tiled_probe import probe_weight
 
     variants = [tuple(map(int, v.split(":"))) for v in args.variants.split(",")]
     print_header()
     for shape in args.shapes:
         m, k = map(int, shape.split("x"))
         for s in args.sparsity:
-            w = random_weight(m, k, 1 - s, seed=m + 7 * k + int(round(100 * s)))
+            w = probe_weight(m, k, s)
             t0 = time.time()
             encs = {mode: encode(w, mode == "pairs") for mode in args.encodings}
             enc_s = time.time() - t0

@@ -118,6 +118,12 @@ def split_grid(fam_name: str, stats, n: int, splits, heights, warps=(4,)) -> lis
     return out
 
 
+def probe_weight(m: int, k: int, sparsity: float) -> sp.csr_matrix:
+    """The W every tile probe times for (m, k, sparsity): its seed fixed by the shape and sparsity,
+    so that the probes' tables compare the same matrix."""
+    return random_weight(m, k, 1 - sparsity, seed=m + 7 * k + int(round(100 * sparsity)))
+
+
 def warp_k_grid(fam_name: str, n: int) -> list[tuple[str, dict]]:
     """`--sweep warpk`: the default, and Tiled-CSL with 2 and 4 k-groups where the accumulators allow."""
     out = [(fam_name, {})]
@@ -358,7 +364,7 @@ def main() -> int:
     for (m, k) in shapes:
         for s in args.sparsity:
             key = (m, k, s)
-            _MATRICES[key] = random_weight(m, k, 1 - s, seed=m + 7 * k + int(round(100 * s)))
+            _MATRICES[key] = probe_weight(m, k, s)
             stats[key] = analyze(_MATRICES[key])
     emit(f"# tiled_probe: {len(_MATRICES)} matrices built and analysed in {time.time() - t_start:.0f} s")
 

@@ -336,7 +336,7 @@ def main() -> int:
         return check()
     import torch
 
-    from tiled_probe import random_weight
+    from tiled_probe import probe_weight
 
     wanted = [b.strip() for b in args.baselines.split(",") if b.strip()]
     rings = [tuple(map(int, v.split(":"))) for v in args.variants.split(",")]
@@ -350,7 +350,7 @@ def main() -> int:
                     for split in splits for stages, min_blocks in rings for ablation in (ABLATIONS if args.ablate else ({},))
                     for rotate in args.rotate for xrows in args.xrows]
         for s in args.sparsity:
-            w = random_weight(m, k, 1 - s, seed=m + 7 * k + int(round(100 * s)))
+            w = probe_weight(m, k, s)
             t0 = time.time()
             enc = encode(w)
             enc_s = time.time() - t0
