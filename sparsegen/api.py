@@ -24,6 +24,7 @@ from .formats import Plan
 from .io import as_csr, load
 from .render import Provenance, render
 from .select import Selection, select_request
+from .values import check_matrix, check_numbers
 
 log = logging.getLogger("sparsegen")
 BACKENDS = ("auto", "gpu", "emulate")
@@ -234,16 +235,15 @@ def _resolve_arch(arch: str | None, backend: str) -> str:
 
 
 def _bias_vector(bias, m: int) -> np.ndarray | None:
+    """The bias as the kernels store it: one float32 per row."""
     if bias is None:
         return None
-    b = np.asarray(bias, dtype=np.float32)
+    b = check_numbers(bias, "float32", "bias")
     if b.ndim == 0:
-        return np.full(m, float(b), dtype=np.float32)
+        return np.full(m, b, dtype=np.float32)
     if b.shape != (m,):
         raise ShapeError(f"bias: expected a scalar or shape ({m},), got {b.shape}")
-    if not np.isfinite(b).all():
-        raise ShapeError("bias: contains NaN or inf")
-    return np.ascontiguousarray(b)
+    return np.ascontiguousarray(b, dtype=np.float32)
 
 
 def _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, options) -> Request:
@@ -264,11 +264,22 @@ def _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, options) -> Requ
             raise ShapeError("spdnn_layer: bias must be one number for the whole layer")
         if bias_rule not in ("nonzero", "all"):
             raise ShapeError(f"bias_rule must be 'nonzero' or 'all', got {bias_rule!r}")
-        opts.update(bias=float(bias or 0.0), cap=None if cap is None else float(cap), bias_rule=bias_rule)
+        layer_bias = float(check_numbers(0.0 if bias is None else bias, "float32", "bias"))
+        layer_cap = None if cap is None else float(check_numbers(cap, "float32", "cap"))
+        opts.update(bias=layer_bias, cap=layer_cap, bias_rule=bias_rule)
         bias = None
     return Request(op=op, n=int(n) if n is not None else None, k=int(k) if k is not None else None,
                    dtype=dtype, arch=arch,
                    bias=bias is not None, relu=bool(relu), options=tuple(sorted(opts.items())))
+
+
+def _check_stored_values(csr, request: Request, path) -> None:
+    """The matrix's values must fit the request's dtype, which the kernel stores them in (sddmm reads
+    only the pattern). as_csr has already refused NaN and inf, so float32 into float32 has nothing
+    left to find."""
+    if request.op == "sddmm" or (request.dtype == "float32" and csr.dtype == np.float32):
+        return
+    check_matrix(csr, request.dtype, path)
 
 
 def request_flags(op: str, n, k, dtype: str) -> str:
@@ -301,7 +312,8 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
     """
     t0 = time.perf_counter()
     timings = Timings()
-    if isinstance(matrix, (str, os.PathLike)):
+    path = matrix if isinstance(matrix, (str, os.PathLike)) else None
+    if path is not None:
         reproduce = reproduce or f"sparsegen compile {matrix} {request_flags(op, n, k, dtype)}"
         matrix = load(matrix, **load_options)
     elif load_options:
@@ -310,6 +322,7 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
     backend = _resolve_backend(backend)
     arch = _resolve_arch(arch, backend)
     request = _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, options)
+    _check_stored_values(csr, request, path)
     if tune:
         from .tune import tuned
 

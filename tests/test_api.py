@@ -137,3 +137,65 @@ def test_dump_writes_source_cubin_selection_and_sass(tmp_path):
     assert sel["selection"]["reason"] == k.selection.reason and "stats" in sel
     if "sass" in written:
         assert "csr_rowsplit_spmm" in written["sass"].read_text()
+
+
+# ---- values the kernel's dtype cannot hold ----------------------------------------------------
+
+def two_by_two(value, dtype=np.float64):
+    return sp.csr_matrix(np.array([[1.0, value], [0.0, 1.0]], dtype))
+
+
+@pytest.mark.parametrize("value,dtype,stored", [
+    (1e300, np.float64, "float32"),
+    (70000.0, np.float32, "float16"),
+    (65520.0, np.float32, "float16"),  # halfway past 65504: rounds to even, which is inf
+    (3.4e38, np.float32, "bfloat16"),
+    (1e39, np.float64, "bfloat16"),
+])
+def test_values_the_storage_dtype_cannot_hold_are_named(value, dtype, stored):
+    with pytest.raises(FormatError, match=rf"<matrix>: expected finite values that {stored} can hold .*"
+                                          rf"found .* at \(row 0, col 1\) \(0-based\), which is inf in {stored}"):
+        sparsegen.compile(two_by_two(value, dtype), n=2, dtype=stored, backend="emulate")
+
+
+@pytest.mark.parametrize("value,stored", [(65504.0, "float16"), (3.3895e38, "bfloat16"), (3.4e38, "float32")])
+def test_the_largest_values_a_dtype_holds_compile(value, stored):
+    k = sparsegen.compile(two_by_two(value, np.float32), n=2, dtype=stored, backend="emulate")
+    y = k(np.ones((2, 2), np.float16 if stored == "float16" else np.float32))  # bf16 travels as float32
+    assert np.isfinite(y).all() and y[0, 0] >= value
+
+
+def test_an_overflowing_file_value_names_the_file(tmp_path):
+    f = tmp_path / "m.tsv"
+    f.write_text("1\t1\t1.0\n2\t2\t70000\n")
+    with pytest.raises(FormatError, match=r"m\.tsv: expected finite values that float16 can hold.*"
+                                          r"70000\.0 at \(row 1, col 1\)"):
+        sparsegen.compile(f, n=2, dtype="float16", backend="emulate")
+
+
+def test_sddmm_reads_only_the_pattern():
+    k = sparsegen.compile(two_by_two(1e300), op="sddmm", k=4, backend="emulate")
+    assert k.plan.constants["nnz"] == 3
+
+
+@pytest.mark.parametrize("bias,needle", [
+    (float("nan"), "found nan$"),
+    (float("inf"), "found inf$"),
+    (-1e300, r"found -1e\+300, which is inf in float32$"),
+    ([1.0, float("nan")], "found nan at index 1$"),
+    ([1.0, 1e39], r"found 1e\+39 at index 1, which is inf in float32$"),
+    ("0.5", "expected real numbers, got str"),
+])
+def test_a_bias_the_kernel_cannot_store_is_an_error(bias, needle):
+    with pytest.raises(ShapeError, match=r"^bias: .*" + needle):
+        sparsegen.compile(two_by_two(2.0), n=2, bias=bias, backend="emulate")
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"bias": float("nan")}, "bias: .* found nan"),
+    ({"bias": -0.3, "cap": float("inf")}, "cap: .* found inf"),
+    ({"bias": -0.3, "cap": 1e40}, r"cap: .* found 1e\+40, which is inf in float32"),
+])
+def test_spdnn_layer_bias_and_cap_must_be_finite(kwargs, needle):
+    with pytest.raises(ShapeError, match=needle):
+        sparsegen.compile(two_by_two(2.0), op="spdnn_layer", backend="emulate", **kwargs)
