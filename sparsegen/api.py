@@ -22,6 +22,7 @@ from .families import family_of
 from .families.base import DTYPES, Request
 from .formats import Plan
 from .io import as_csr, load
+from .operands import host_operands
 from .render import Provenance, render
 from .select import Selection, select_request
 from .values import check_matrix, check_numbers
@@ -29,6 +30,7 @@ from .values import check_matrix, check_numbers
 log = logging.getLogger("sparsegen")
 BACKENDS = ("auto", "gpu", "emulate")
 OPS = ("spmm", "sddmm", "spdnn_layer")
+EMULATOR_TAKES = "a NumPy array (backend='emulate' runs on the host)"
 
 
 @dataclass
@@ -122,26 +124,17 @@ class Kernel:
         return runtime.run(self, operands, out=out, stream=stream)
 
     def _emulate(self, operands, out):
+        """The plan run in NumPy, its operands checked as the GPU backend checks host operands."""
         # a family whose host operands differ (bf16 travels as float32 in NumPy) says so
         expected, expected_out = getattr(self.family, "emulate_operands", self.family.operands)(self.spec, self.plan)
-        if len(operands) != len(expected):
-            raise ShapeError(f"{self.spec.family} takes {len(expected)} operand(s), got {len(operands)}")
-        inputs = {}
-        for x, exp in zip(operands, expected):
-            if hasattr(x, "__cuda_array_interface__"):
-                raise ShapeError(f"input {exp.name}: the emulator takes NumPy arrays, got a GPU array")
-            x = np.asarray(x)
-            if not exp.matches(x.shape) or x.dtype != np.dtype(exp.dtype):
-                raise ShapeError(f"input {exp.name}: expected {exp.dtype} {_shape_text(exp.shape)}, "
-                                 f"got {x.dtype} {x.shape}")
-            inputs[exp.name] = x
-        y = self.family.emulate(self.spec, self.plan, inputs)
-        if out is not None:
-            if out.shape != y.shape or out.dtype != y.dtype:
-                raise ShapeError(f"out: expected {y.dtype} {y.shape}, got {out.dtype} {out.shape}")
-            out[...] = y
-            return out
-        return y
+        arrays, out = host_operands(self.spec.family, operands, out, expected, expected_out, EMULATOR_TAKES)
+        y = self.family.emulate(self.spec, self.plan, {exp.name: x for x, exp in zip(arrays, expected)})
+        if out is None:
+            return y
+        if out.shape != y.shape or out.dtype != y.dtype:  # an output dimension the inputs fix (None above)
+            raise ShapeError(f"output {expected_out.name}: expected {y.dtype} {y.shape}, got {out.dtype} {out.shape}")
+        out[...] = y
+        return out
 
     def dump(self, directory) -> dict:
         """Write `<spec>.cu`, `<spec>.cubin`, `selection.json` and `<spec>.sass` (with cuobjdump)."""
@@ -183,10 +176,6 @@ def generator_fingerprint() -> str:
     package = Path(__file__).resolve().parent
     files = sorted(template_dir().glob("*.j2")) + sorted(package.rglob("*.py"))
     return key(*(part for f in files for part in (f.name, f.read_bytes())))
-
-
-def _shape_text(shape) -> str:
-    return "(" + ", ".join("any" if d is None else str(d) for d in shape) + ")"
 
 
 def cubin_key(source: str, arch: str) -> str:

@@ -9,6 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 import sparsegen
+from sparsegen import api
 from sparsegen.errors import FormatError, ShapeError, SparsegenError, UnsupportedError
 
 from .helpers import random_csr, reference, rel_error
@@ -75,7 +76,7 @@ def test_non_finite_values_are_rejected():
 
 def test_operand_errors_name_expected_and_given():
     k = sparsegen.compile(random_csr(10, 12, 0.3), n=4, backend="emulate")
-    with pytest.raises(ShapeError, match=r"expected float32 \(12, 4\), got float32 \(4, 12\)"):
+    with pytest.raises(ShapeError, match=r"input x: expected shape \(12, 4\), got \(4, 12\)"):
         k(np.zeros((4, 12), np.float32))
     with pytest.raises(ShapeError, match="float64"):
         k(np.zeros((12, 4)))
@@ -199,3 +200,109 @@ def test_a_bias_the_kernel_cannot_store_is_an_error(bias, needle):
 def test_spdnn_layer_bias_and_cap_must_be_finite(kwargs, needle):
     with pytest.raises(ShapeError, match=needle):
         sparsegen.compile(two_by_two(2.0), op="spdnn_layer", backend="emulate", **kwargs)
+
+
+# ---- operands: refused, never converted, on both backends ------------------------------------
+
+def _strided_view(x):
+    wide = np.zeros((x.shape[0], 2 * x.shape[1]), x.dtype)
+    return wide[:, ::2]
+
+
+BAD_INPUTS = [
+    (lambda x: x.tolist(), r"input x: expected a NumPy array .*, got list$"),
+    (lambda x: float(x[0, 0]), r"input x: expected a NumPy array .*, got float$"),
+    (lambda x: x.reshape(12, 4, 1), r"input x: expected shape \(12, 4\), got \(12, 4, 1\)$"),
+    (lambda x: x.astype(np.float64), r"input x: expected dtype float32, got float64"),
+    (np.asfortranarray, r"input x: expected a C-contiguous \(row-major\) array, got strides \(4, 48\)"),
+    (_strided_view, r"input x: expected a C-contiguous \(row-major\) array, got strides \(32, 8\)"),
+]
+
+
+def _read_only(shape):
+    out = np.full(shape, 7.0, np.float32)
+    out.flags.writeable = False
+    return out
+
+
+BAD_OUTPUTS = [
+    (_read_only, r"output y: expected a writeable array, got a read-only one$"),
+    (lambda shape: np.full(shape, 7.0, np.float32).tolist(), r"output y: expected a NumPy array, as the inputs are, "
+                                                              r"got list$"),
+    (lambda shape: np.full(shape, 7.0), r"output y: expected dtype float32, got float64"),
+    (lambda shape: np.full(shape[::-1], 7.0, np.float32), r"output y: expected shape \(10, 4\), got \(4, 10\)$"),
+    (lambda shape: np.full(shape + (1,), 7.0, np.float32), r"output y: expected shape \(10, 4\), got \(10, 4, 1\)$"),
+    (lambda shape: np.full(shape, 7.0, np.float32, order="F"), r"output y: expected a C-contiguous"),
+    (lambda shape: _strided_view(np.full(shape, 7.0, np.float32)), r"output y: expected a C-contiguous"),
+]
+
+
+def emulated_kernel():
+    k = sparsegen.compile(random_csr(10, 12, 0.3, seed=3), n=4, backend="emulate")
+    return k, np.ones((12, 4), np.float32)
+
+
+@pytest.mark.parametrize("make,needle", BAD_INPUTS)
+def test_the_emulator_refuses_inputs_it_would_have_to_convert(make, needle):
+    k, x = emulated_kernel()
+    with pytest.raises(ShapeError, match=needle):
+        k(make(x))
+
+
+@pytest.mark.parametrize("make,needle", BAD_OUTPUTS)
+def test_the_emulator_refuses_an_out_it_cannot_write_and_leaves_it_alone(make, needle):
+    k, x = emulated_kernel()
+    out = make((10, 4))
+    before = np.array(out, copy=True)
+    with pytest.raises(ShapeError, match=needle):
+        k(x, out=out)
+    assert np.array_equal(np.asarray(out), before)
+
+
+def test_the_emulator_refuses_a_cpu_torch_tensor():
+    torch = pytest.importorskip("torch", reason="torch not installed")
+    k, x = emulated_kernel()
+    with pytest.raises(ShapeError, match=r"input x: expected a NumPy array .*, got torch\.Tensor on cpu$"):
+        k(torch.from_numpy(x))
+
+
+class _Launcher:
+    """The parts of runtime.Launcher that the host path reads before it touches the GPU."""
+
+    def __init__(self, kernel):
+        self.inputs, self.output = kernel.family.operands(kernel.spec, kernel.plan)
+
+
+@pytest.mark.parametrize("make,needle", BAD_INPUTS)
+def test_the_gpu_backend_checks_host_inputs_as_the_emulator_does(make, needle):
+    """runtime's host path raises, before it needs a GPU, the error the emulator raises."""
+    from sparsegen import runtime
+
+    k, x = emulated_kernel()
+    with pytest.raises(ShapeError, match=needle) as gpu:
+        runtime._run_host(k.spec.family, _Launcher(k), (make(x),), None, None)
+    with pytest.raises(ShapeError) as emulated:
+        k(make(x))
+    assert str(gpu.value).replace(runtime.GPU_TAKES, "*") == str(emulated.value).replace(api.EMULATOR_TAKES, "*")
+
+
+@pytest.mark.parametrize("make,needle", BAD_OUTPUTS)
+def test_the_gpu_backend_checks_a_host_out_as_the_emulator_does(make, needle):
+    from sparsegen import runtime
+
+    k, x = emulated_kernel()
+    with pytest.raises(ShapeError, match=needle) as gpu:
+        runtime._run_host(k.spec.family, _Launcher(k), (x,), make((10, 4)), None)
+    with pytest.raises(ShapeError) as emulated:
+        k(x, out=make((10, 4)))
+    assert str(gpu.value) == str(emulated.value)
+
+
+def test_operand_count_reads_alike_on_both_backends():
+    from sparsegen import runtime
+
+    k, x = emulated_kernel()
+    with pytest.raises(ShapeError, match=r"^csr_rowsplit takes 1 operand\(s\) \(x\), got 2$"):
+        k(x, x)
+    with pytest.raises(ShapeError, match=r"^csr_rowsplit takes 1 operand\(s\) \(x\), got 0$"):
+        runtime._run_host(k.spec.family, _Launcher(k), (), None, None)
