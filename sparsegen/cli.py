@@ -412,7 +412,8 @@ _BREAKS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 def one_line(text: str) -> str:
     """`text` with line breaks and other control characters (from file names, say) escaped, so the
     message is one line and writes nothing to the terminal but text."""
-    return _BREAKS.sub(lambda m: f"\\x{ord(m.group()):02x}" if m.group() < "\u0100" else f"\\u{ord(m.group()):04x}", text)
+    return _BREAKS.sub(lambda m: f"\\x{ord(m.group()):02x}" if m.group() < "\u0100" else f"\\u{ord(m.group()):04x}",
+                       text)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -227,8 +227,8 @@ def test_an_interrupt_exits_130_with_one_line(capsys, monkeypatch):
 def module_code(argv, patch: str) -> str:
     """Python that runs `python -m sparsegen ARGV` after `patch` (run with `cli` imported), which makes
     a command fail as a bug or an interrupt would."""
-    return (f"import runpy, sys, time\nimport sparsegen.cli as cli\n{patch}\nsys.argv = ['sparsegen', *{list(argv)!r}]\n"
-            f"runpy.run_module('sparsegen', run_name='__main__')\n")
+    return (f"import runpy, sys, time\nimport sparsegen.cli as cli\n{patch}\n"
+            f"sys.argv = ['sparsegen', *{list(argv)!r}]\nrunpy.run_module('sparsegen', run_name='__main__')\n")
 
 
 def test_failures_through_python_dash_m(examples_dir, tmp_path):
@@ -246,8 +246,8 @@ def test_ctrl_c_through_python_dash_m_exits_130():
     import signal
 
     patch = "def slow(args):\n    print('ready', flush=True)\n    time.sleep(60)\ncli.cmd_cache = slow"
-    proc = subprocess.Popen([sys.executable, "-c", module_code(["cache", "info"], patch)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=REPO)
+    proc = subprocess.Popen([sys.executable, "-c", module_code(["cache", "info"], patch)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
         assert proc.stdout.readline() == "ready\n"
         proc.send_signal(signal.SIGINT)
