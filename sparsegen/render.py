@@ -1,4 +1,14 @@
-"""Render a spec's CUDA source from its Jinja2 template, under a provenance header."""
+"""Render a spec's CUDA source from its Jinja2 template, under a provenance header.
+
+What reaches generated source, and so the GPU: the templates, which are part of sparsegen; the spec's
+fields, each None, a bool, an integer, a finite real or a word of letters, digits and `_` (KernelSpec
+refuses anything else when it is made, and option values reach the source only through fields); and
+the provenance header, every line of which passes `comment_safe`. The matrix reaches it only as
+numbers in spec fields (sizes, trip counts, a uniform value): its values and indices travel in plan
+arrays that the kernel reads at run time. A file name, an option value or a matrix therefore cannot
+add code to a kernel. Whoever can change the package, its templates, `SPARSEGEN_NVCC`, or the cache
+directory (a cached plan keeps the source it was built with; a cached cubin runs as it is) can.
+"""
 from __future__ import annotations
 
 import functools
