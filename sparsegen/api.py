@@ -22,12 +22,15 @@ from .families import family_of
 from .families.base import DTYPES, Request
 from .formats import Plan
 from .io import as_csr, load
+from .operands import host_operands
 from .render import Provenance, render
 from .select import Selection, select_request
+from .values import check_matrix, check_numbers
 
 log = logging.getLogger("sparsegen")
 BACKENDS = ("auto", "gpu", "emulate")
 OPS = ("spmm", "sddmm", "spdnn_layer")
+EMULATOR_TAKES = "a NumPy array (backend='emulate' runs on the host)"
 
 
 @dataclass
@@ -121,26 +124,17 @@ class Kernel:
         return runtime.run(self, operands, out=out, stream=stream)
 
     def _emulate(self, operands, out):
+        """The plan run in NumPy, its operands checked as the GPU backend checks host operands."""
         # a family whose host operands differ (bf16 travels as float32 in NumPy) says so
         expected, expected_out = getattr(self.family, "emulate_operands", self.family.operands)(self.spec, self.plan)
-        if len(operands) != len(expected):
-            raise ShapeError(f"{self.spec.family} takes {len(expected)} operand(s), got {len(operands)}")
-        inputs = {}
-        for x, exp in zip(operands, expected):
-            if hasattr(x, "__cuda_array_interface__"):
-                raise ShapeError(f"input {exp.name}: the emulator takes NumPy arrays, got a GPU array")
-            x = np.asarray(x)
-            if not exp.matches(x.shape) or x.dtype != np.dtype(exp.dtype):
-                raise ShapeError(f"input {exp.name}: expected {exp.dtype} {_shape_text(exp.shape)}, "
-                                 f"got {x.dtype} {x.shape}")
-            inputs[exp.name] = x
-        y = self.family.emulate(self.spec, self.plan, inputs)
-        if out is not None:
-            if out.shape != y.shape or out.dtype != y.dtype:
-                raise ShapeError(f"out: expected {y.dtype} {y.shape}, got {out.dtype} {out.shape}")
-            out[...] = y
-            return out
-        return y
+        arrays, out = host_operands(self.spec.family, operands, out, expected, expected_out, EMULATOR_TAKES)
+        y = self.family.emulate(self.spec, self.plan, {exp.name: x for x, exp in zip(arrays, expected)})
+        if out is None:
+            return y
+        if out.shape != y.shape or out.dtype != y.dtype:  # an output dimension the inputs fix (None above)
+            raise ShapeError(f"output {expected_out.name}: expected {y.dtype} {y.shape}, got {out.dtype} {out.shape}")
+        out[...] = y
+        return out
 
     def dump(self, directory) -> dict:
         """Write `<spec>.cu`, `<spec>.cubin`, `selection.json` and `<spec>.sass` (with cuobjdump)."""
@@ -182,10 +176,6 @@ def generator_fingerprint() -> str:
     package = Path(__file__).resolve().parent
     files = sorted(template_dir().glob("*.j2")) + sorted(package.rglob("*.py"))
     return key(*(part for f in files for part in (f.name, f.read_bytes())))
-
-
-def _shape_text(shape) -> str:
-    return "(" + ", ".join("any" if d is None else str(d) for d in shape) + ")"
 
 
 def cubin_key(source: str, arch: str) -> str:
@@ -234,16 +224,15 @@ def _resolve_arch(arch: str | None, backend: str) -> str:
 
 
 def _bias_vector(bias, m: int) -> np.ndarray | None:
+    """The bias as the kernels store it: one float32 per row."""
     if bias is None:
         return None
-    b = np.asarray(bias, dtype=np.float32)
+    b = check_numbers(bias, "float32", "bias")
     if b.ndim == 0:
-        return np.full(m, float(b), dtype=np.float32)
+        return np.full(m, b, dtype=np.float32)
     if b.shape != (m,):
         raise ShapeError(f"bias: expected a scalar or shape ({m},), got {b.shape}")
-    if not np.isfinite(b).all():
-        raise ShapeError("bias: contains NaN or inf")
-    return np.ascontiguousarray(b)
+    return np.ascontiguousarray(b, dtype=np.float32)
 
 
 def _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, options) -> Request:
@@ -264,11 +253,22 @@ def _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, options) -> Requ
             raise ShapeError("spdnn_layer: bias must be one number for the whole layer")
         if bias_rule not in ("nonzero", "all"):
             raise ShapeError(f"bias_rule must be 'nonzero' or 'all', got {bias_rule!r}")
-        opts.update(bias=float(bias or 0.0), cap=None if cap is None else float(cap), bias_rule=bias_rule)
+        layer_bias = float(check_numbers(0.0 if bias is None else bias, "float32", "bias"))
+        layer_cap = None if cap is None else float(check_numbers(cap, "float32", "cap"))
+        opts.update(bias=layer_bias, cap=layer_cap, bias_rule=bias_rule)
         bias = None
     return Request(op=op, n=int(n) if n is not None else None, k=int(k) if k is not None else None,
                    dtype=dtype, arch=arch,
                    bias=bias is not None, relu=bool(relu), options=tuple(sorted(opts.items())))
+
+
+def _check_stored_values(csr, request: Request, path) -> None:
+    """The matrix's values must fit the request's dtype, which the kernel stores them in (sddmm reads
+    only the pattern). as_csr has already refused NaN and inf, so float32 into float32 has nothing
+    left to find."""
+    if request.op == "sddmm" or (request.dtype == "float32" and csr.dtype == np.float32):
+        return
+    check_matrix(csr, request.dtype, path)
 
 
 def request_flags(op: str, n, k, dtype: str) -> str:
@@ -301,7 +301,8 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
     """
     t0 = time.perf_counter()
     timings = Timings()
-    if isinstance(matrix, (str, os.PathLike)):
+    path = matrix if isinstance(matrix, (str, os.PathLike)) else None
+    if path is not None:
         reproduce = reproduce or f"sparsegen compile {matrix} {request_flags(op, n, k, dtype)}"
         matrix = load(matrix, **load_options)
     elif load_options:
@@ -310,6 +311,7 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
     backend = _resolve_backend(backend)
     arch = _resolve_arch(arch, backend)
     request = _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, options)
+    _check_stored_values(csr, request, path)
     if tune:
         from .tune import tuned
 

@@ -1,13 +1,34 @@
-"""The `sparsegen` command: inspect, compile, demo, cache, bench."""
+"""The `sparsegen` command: inspect, compile, demo, cache, bench.
+
+Every failure is one line on stderr, `sparsegen: error: ...`, and exit status 2: bad input, a
+request no kernel takes, a usage error (an unknown command or option, a value argparse rejects), and
+an unexpected exception too, which the line names as a bug. `--debug` (before or after the command)
+prints the traceback first, then the same line. Ctrl-C exits 130 (128 + SIGINT, as shells report an
+interrupted command) with `sparsegen: interrupted`.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+import traceback
 from pathlib import Path
 
 from . import __version__
 from .errors import SparsegenError
+
+
+class UsageError(SparsegenError):
+    """The command line itself is wrong (what argparse reports)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage errors fail as every other error does (one line, exit status 2) instead
+    of printing the usage block; subcommand parsers are made of this class too."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
 def _request_args(p: argparse.ArgumentParser, n_default: int | None = 128):
@@ -21,10 +42,14 @@ def _request_args(p: argparse.ArgumentParser, n_default: int | None = 128):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sparsegen", description="CUDA kernels written for one sparse matrix.")
+    parser = Parser(prog="sparsegen", description="CUDA kernels written for one sparse matrix.")
     parser.add_argument("--version", action="version", version=f"sparsegen {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--debug", action="store_true", help="print the traceback of a failure")
+    # --debug after the command too; SUPPRESS keeps a subcommand from resetting the one given before it
+    debug = Parser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="print the traceback of a failure")
+    sub = _Subcommands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"), debug)
 
     p = sub.add_parser("inspect", help="print a matrix's statistics and the kernel selection with its reason")
     p.add_argument("file")
@@ -85,6 +110,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(p)
     p.set_defaults(func=lambda args: bench.run(args))
     return parser
+
+
+class _Subcommands:
+    """add_subparsers' action, giving every subcommand the --debug option."""
+
+    def __init__(self, action, common):
+        self.action, self.common = action, common
+
+    def add_parser(self, name, **kwargs):
+        return self.action.add_parser(name, parents=[self.common], **kwargs)
 
 
 def _load(args):
@@ -348,23 +383,37 @@ def cmd_cache(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run the command line `argv` (default sys.argv[1:]); returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv  # known before parsing, for a usage error's traceback
     try:
+        args = build_parser().parse_args(argv)
+        debug = args.debug
         return int(args.func(args) or 0)
-    except SparsegenError as exc:
-        if args.debug:
-            raise
-        print(f"sparsegen: error: {exc}", file=sys.stderr)
-        return 2
-    except (OSError, ValueError) as exc:
-        if args.debug:
-            raise
-        print(f"sparsegen: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print("sparsegen: interrupted", file=sys.stderr)
-        return 130
+        return _fail("interrupted", debug, status=130)
+    except (SparsegenError, OSError, ValueError) as exc:
+        return _fail(f"error: {exc}", debug)
+    except Exception as exc:  # a bug in sparsegen: still one line, and how to see more
+        return _fail(f"error: internal error {type(exc).__name__}: {exc} (a bug in sparsegen: rerun with "
+                     f"--debug for the traceback and report it)", debug)
+
+
+def _fail(line: str, debug: bool, status: int = 2) -> int:
+    if debug:
+        traceback.print_exc()
+    print(f"sparsegen: {one_line(line)}", file=sys.stderr)
+    return status
+
+
+_BREAKS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """`text` with line breaks and other control characters (from file names, say) escaped, so the
+    message is one line and writes nothing to the terminal but text."""
+    return _BREAKS.sub(lambda m: f"\\x{ord(m.group()):02x}" if m.group() < "\u0100" else f"\\u{ord(m.group()):04x}",
+                       text)
 
 
 if __name__ == "__main__":  # pragma: no cover

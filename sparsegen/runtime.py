@@ -12,8 +12,10 @@ import threading
 import numpy as np
 
 from .errors import LaunchError, ShapeError
+from .operands import check_count, host_operands, kind_of, numpy_dtype
 
 ENV_DEVICE = "SPARSEGEN_DEVICE"
+GPU_TAKES = "a NumPy array or a GPU array (anything with __cuda_array_interface__)"
 _lock = threading.Lock()
 _state: dict = {}  # process-wide caches: driver module, device, context, loaded functions
 _tls = threading.local()
@@ -161,7 +163,7 @@ def _check_gpu(x, expect, role: str) -> int:
     """Validate a GPU operand against `expect` (an Operand); return its device pointer."""
     cai = x.__cuda_array_interface__
     shape, dtype = tuple(cai["shape"]), _cai_dtype(cai)
-    _numpy_dtype(expect, role)
+    numpy_dtype(expect, role)
     if shape != tuple(expect.shape):
         raise ShapeError(f"{role} {expect.name}: expected shape {tuple(expect.shape)}, got {shape}")
     if dtype != np.dtype(expect.dtype):
@@ -174,7 +176,7 @@ def _check_gpu(x, expect, role: str) -> int:
     if getattr(dev, "type", "cuda") != "cuda" or (ordinal is not None and ordinal != device_ordinal()):
         raise ShapeError(f"{role} {expect.name}: expected an array on cuda:{device_ordinal()}, got {dev}")
     if cai.get("readonly", False) and role == "output":
-        raise ShapeError(f"output {expect.name}: array is read-only")
+        raise ShapeError(f"output {expect.name}: expected a writeable array, got a read-only one")
     return int(cai["data"][0])
 
 
@@ -462,9 +464,7 @@ class Launcher:
 def run(kernel, inputs: tuple, out=None, stream=None):
     """Launch `kernel` (an api.Kernel) on NumPy or GPU operands; see Kernel.__call__."""
     launcher = kernel.launcher()
-    if len(inputs) != len(launcher.inputs):
-        raise ShapeError(f"{kernel.spec.family} takes {len(launcher.inputs)} operand(s) "
-                         f"({', '.join(o.name for o in launcher.inputs)}), got {len(inputs)}")
+    check_count(kernel.spec.family, inputs, launcher.inputs)
     on_gpu = [is_gpu_array(x) for x in inputs]
     if any(on_gpu) and not all(on_gpu):
         raise ShapeError("operands mix host (NumPy) and GPU arrays; pass all of one kind")
@@ -472,7 +472,7 @@ def run(kernel, inputs: tuple, out=None, stream=None):
         raise LaunchError("stream must be a pycuda.driver.Stream (or None for the default stream)")
     if all(on_gpu) and inputs:
         return _run_device(launcher, inputs, out, stream)
-    return _run_host(launcher, inputs, out, stream)
+    return _run_host(kernel.spec.family, launcher, inputs, out, stream)
 
 
 def _run_device(launcher, inputs, out, stream):
@@ -483,7 +483,7 @@ def _run_device(launcher, inputs, out, stream):
     if out is None:
         out = _empty_like_framework(inputs[0], exp.shape, exp.dtype)
     elif not is_gpu_array(out):
-        raise ShapeError(f"out: expected a GPU array for GPU operands, got {type(out).__name__}")
+        raise ShapeError(f"output {exp.name}: expected a GPU array, as the inputs are, got {kind_of(out)}")
     ptrs[exp.name] = _device_pointer(out, exp, "output", launcher.align)
     launcher.launch(ptrs, stream)
     return out
@@ -522,19 +522,12 @@ def _check_torch(x, exp, role: str) -> int:
     return x.data_ptr()
 
 
-def _run_host(launcher, inputs, out, stream):
+def _run_host(family: str, launcher, inputs, out, stream):
+    """NumPy operands: checked as the emulator checks them, copied to the device, the result back."""
+    host, out = host_operands(family, inputs, out, launcher.inputs, launcher.output, GPU_TAKES)
     drv = _driver()
     ensure_context()
-    host = []
-    for x, exp in zip(inputs, launcher.inputs):
-        x = np.asarray(x)
-        _check_host(x, exp, "input")
-        host.append(np.ascontiguousarray(x))
     exp = launcher.output
-    if out is not None:
-        _check_host(out, exp, "output")
-        if not out.flags.c_contiguous or not out.flags.writeable:
-            raise ShapeError(f"out {exp.name}: expected a writeable C-contiguous NumPy array")
     result = out if out is not None else np.empty(exp.shape, dtype=exp.dtype)
     allocs = upload({e.name: h for e, h in zip(launcher.inputs, host)})
     allocs[exp.name] = drv.mem_alloc(max(result.nbytes, 1))
@@ -546,22 +539,6 @@ def _run_host(launcher, inputs, out, stream):
             drv.memcpy_dtoh_async(result, allocs[exp.name], stream)
             stream.synchronize()
     return result
-
-
-def _numpy_dtype(exp, role) -> np.dtype:
-    try:
-        return np.dtype(exp.dtype)
-    except TypeError:
-        raise ShapeError(f"{role} {exp.name}: {exp.dtype} has no NumPy dtype; pass torch tensors on the GPU") from None
-
-
-def _check_host(x, exp, role):
-    _numpy_dtype(exp, role)
-    if x.shape != tuple(exp.shape):
-        raise ShapeError(f"{role} {exp.name}: expected shape {tuple(exp.shape)}, got {x.shape}")
-    if x.dtype != np.dtype(exp.dtype):
-        raise ShapeError(f"{role} {exp.name}: expected dtype {exp.dtype}, got {x.dtype} "
-                         f"(convert with .astype(np.{exp.dtype}))")
 
 
 def synchronize():

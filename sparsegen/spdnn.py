@@ -24,6 +24,7 @@ from .errors import ShapeError
 from .families.spdnn_sliced_ell import default_block
 from .formats import sliced_ell
 from .io import as_csr
+from .values import check_matrix, check_numbers
 
 SUPPORT_BLOCK = 256
 
@@ -62,13 +63,16 @@ class SparseDNN:
             raise ShapeError("a network needs at least one layer")
         if convention not in ("challenge", "rows_out"):
             raise ShapeError("convention must be 'challenge' (W: inputs x outputs) or 'rows_out' (A = W^T)")
-        self.bias, self.cap, self.bias_rule = float(bias), cap, bias_rule
+        self.bias = float(check_numbers(bias, "float32", "bias"))
+        self.cap = None if cap is None else float(check_numbers(cap, "float32", "cap"))
+        self.bias_rule = bias_rule
         t0 = time.perf_counter()
         show = sys.stderr.isatty() if progress is None else progress
         options = {"minibatch": minibatch, "unroll": unroll, **({"block": block} if block else {})}
         matrices = []
         for i, layer in enumerate(layers):
             w = as_csr(layer)
+            check_matrix(w, "float32", f"<layer {i + 1}>")  # the layer kernel stores weights as float32
             a = w.T.tocsr() if convention == "challenge" else w
             a.sort_indices()
             if matrices and a.shape[1] != matrices[-1].shape[0]:
@@ -110,7 +114,9 @@ class SparseDNN:
         weights="streamed" copies each layer's weights to the GPU just ahead of its use (double
         buffered on a second stream) instead of keeping all layers resident; prune="host" is the
         2020 code's per-layer host round trip, kept for comparison."""
-        x = as_csr(inputs).astype(np.float32)
+        x = as_csr(inputs)
+        check_matrix(x, "float32", "<inputs>")
+        x = x.astype(np.float32)
         if x.shape[1] != self.neurons:
             raise ShapeError(f"inputs: expected {self.neurons} columns (neurons), got {x.shape[1]}")
         if self.backend == "emulate":

@@ -43,6 +43,7 @@ except ImportError as exc:  # pragma: no cover - exercised only where torch is a
 
 from . import api, runtime
 from .errors import ShapeError, SparsegenError, UnsupportedError
+from .values import check_numbers
 
 METHODS = ("magnitude",)
 BACKENDS = ("gpu", "emulate")
@@ -72,9 +73,8 @@ def magnitude_prune(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
     `weight` already held more zeros than that (they are the smallest, so they stay zero).
     """
     k = pruned_count(weight.numel(), sparsity)
+    check_numbers(_host64(weight), "float64", "weight (magnitude pruning needs finite weights)")
     flat = weight.detach().reshape(-1)
-    if not bool(torch.isfinite(flat).all()):
-        raise SparsegenError("weight contains NaN or inf: magnitude pruning needs finite weights")
     # a stable sort keeps equal magnitudes in index order; float32 holds every 16-bit value exactly
     order = torch.argsort(flat.float().abs(), stable=True)
     pruned = flat.clone()
@@ -241,12 +241,17 @@ class SparseLinear(torch.nn.Module):
                 f"dtype={self.dtype}, sparsity={self.sparsity:.3f}, backend={self.backend}, kernels=[{specs}]")
 
 
+def _host64(t: torch.Tensor) -> np.ndarray:
+    """A tensor's values on the host as float64, which holds every value of every float dtype torch has."""
+    return t.detach().to(device="cpu", dtype=torch.float64).numpy()
+
+
 def _csr(weight: torch.Tensor, dtype: torch.dtype) -> sp.csr_matrix:
     """W in `dtype` (rounded as a dense layer of that dtype would hold it), stored as float32 CSR:
-    scipy has no 16-bit floats, and float32 holds every fp16/bf16 value exactly."""
+    scipy has no 16-bit floats, and float32 holds every fp16/bf16 value exactly. A weight that
+    `dtype` cannot hold is an error, not an inf."""
+    check_numbers(_host64(weight), str(dtype).replace("torch.", ""), "weight")
     w = weight.detach().to(device="cpu", dtype=dtype)
-    if not bool(torch.isfinite(w).all()):
-        raise SparsegenError(f"weight has NaN or inf in {str(dtype).replace('torch.', '')}")
     csr = sp.csr_matrix(w.float().numpy())
     csr.sort_indices()
     return csr
@@ -256,9 +261,8 @@ def _bias(bias: torch.Tensor, m: int, dtype: torch.dtype) -> np.ndarray:
     """The bias rounded to the layer's dtype (as the dense layer holds it), as float32 for the kernel."""
     if tuple(bias.shape) != (m,):
         raise ShapeError(f"bias: expected shape ({m},), got {tuple(bias.shape)}")
+    check_numbers(_host64(bias), str(dtype).replace("torch.", ""), "bias")
     b = bias.detach().to(device="cpu", dtype=dtype)
-    if not bool(torch.isfinite(b).all()):
-        raise SparsegenError(f"bias has NaN or inf in {str(dtype).replace('torch.', '')}")
     return np.ascontiguousarray(b.float().numpy())
 
 

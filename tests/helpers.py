@@ -81,3 +81,23 @@ def without_tensor_cores(monkeypatch):
 
     monkeypatch.setattr(fp32_cost, "TENSOR_MARGIN", float("inf"))
     monkeypatch.setattr(dense_tile_spmm, "PANEL_NARROW_N", 0)  # nor where panel_spmm would serve n <= 128
+
+
+def elf_symbols(blob: bytes) -> set[str]:
+    """Names in the symbol tables of a 64-bit little-endian ELF file (a cubin), read without
+    cuobjdump: section headers, then each SHT_SYMTAB's entries and their string table."""
+    import struct
+
+    assert blob[:4] == b"\x7fELF" and blob[4] == 2 and blob[5] == 1, "not a 64-bit little-endian ELF file"
+    shoff, = struct.unpack_from("<Q", blob, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", blob, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", blob, shoff + i * shentsize) for i in range(shnum)]
+    names = set()
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind != 2:  # SHT_SYMTAB
+            continue
+        strtab = sections[link][4]
+        for at in range(offset, offset + size, entsize):
+            start = strtab + struct.unpack_from("<I", blob, at)[0]
+            names.add(blob[start:blob.index(b"\0", start)].decode())
+    return names - {""}

@@ -9,6 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 import sparsegen
+from sparsegen import api
 from sparsegen.errors import FormatError, ShapeError, SparsegenError, UnsupportedError
 
 from .helpers import random_csr, reference, rel_error
@@ -75,7 +76,7 @@ def test_non_finite_values_are_rejected():
 
 def test_operand_errors_name_expected_and_given():
     k = sparsegen.compile(random_csr(10, 12, 0.3), n=4, backend="emulate")
-    with pytest.raises(ShapeError, match=r"expected float32 \(12, 4\), got float32 \(4, 12\)"):
+    with pytest.raises(ShapeError, match=r"input x: expected shape \(12, 4\), got \(4, 12\)"):
         k(np.zeros((4, 12), np.float32))
     with pytest.raises(ShapeError, match="float64"):
         k(np.zeros((12, 4)))
@@ -137,3 +138,171 @@ def test_dump_writes_source_cubin_selection_and_sass(tmp_path):
     assert sel["selection"]["reason"] == k.selection.reason and "stats" in sel
     if "sass" in written:
         assert "csr_rowsplit_spmm" in written["sass"].read_text()
+
+
+# ---- values the kernel's dtype cannot hold ----------------------------------------------------
+
+def two_by_two(value, dtype=np.float64):
+    return sp.csr_matrix(np.array([[1.0, value], [0.0, 1.0]], dtype))
+
+
+@pytest.mark.parametrize("value,dtype,stored", [
+    (1e300, np.float64, "float32"),
+    (70000.0, np.float32, "float16"),
+    (65520.0, np.float32, "float16"),  # halfway past 65504: rounds to even, which is inf
+    (3.4e38, np.float32, "bfloat16"),
+    (1e39, np.float64, "bfloat16"),
+])
+def test_values_the_storage_dtype_cannot_hold_are_named(value, dtype, stored):
+    with pytest.raises(FormatError, match=rf"<matrix>: expected finite values that {stored} can hold .*"
+                                          rf"found .* at \(row 0, col 1\) \(0-based\), which is inf in {stored}"):
+        sparsegen.compile(two_by_two(value, dtype), n=2, dtype=stored, backend="emulate")
+
+
+@pytest.mark.parametrize("value,stored", [(65504.0, "float16"), (3.3895e38, "bfloat16"), (3.4e38, "float32")])
+def test_the_largest_values_a_dtype_holds_compile(value, stored):
+    k = sparsegen.compile(two_by_two(value, np.float32), n=2, dtype=stored, backend="emulate")
+    y = k(np.ones((2, 2), np.float16 if stored == "float16" else np.float32))  # bf16 travels as float32
+    assert np.isfinite(y).all() and y[0, 0] >= value
+
+
+def test_an_overflowing_file_value_names_the_file(tmp_path):
+    f = tmp_path / "m.tsv"
+    f.write_text("1\t1\t1.0\n2\t2\t70000\n")
+    with pytest.raises(FormatError, match=r"m\.tsv: expected finite values that float16 can hold.*"
+                                          r"70000\.0 at \(row 1, col 1\)"):
+        sparsegen.compile(f, n=2, dtype="float16", backend="emulate")
+
+
+def test_sddmm_reads_only_the_pattern():
+    k = sparsegen.compile(two_by_two(1e300), op="sddmm", k=4, backend="emulate")
+    assert k.plan.constants["nnz"] == 3
+
+
+@pytest.mark.parametrize("bias,needle", [
+    (float("nan"), "found nan$"),
+    (float("inf"), "found inf$"),
+    (-1e300, r"found -1e\+300, which is inf in float32$"),
+    ([1.0, float("nan")], "found nan at index 1$"),
+    ([1.0, 1e39], r"found 1e\+39 at index 1, which is inf in float32$"),
+    ("0.5", "expected real numbers, got str"),
+])
+def test_a_bias_the_kernel_cannot_store_is_an_error(bias, needle):
+    with pytest.raises(ShapeError, match=r"^bias: .*" + needle):
+        sparsegen.compile(two_by_two(2.0), n=2, bias=bias, backend="emulate")
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"bias": float("nan")}, "bias: .* found nan"),
+    ({"bias": -0.3, "cap": float("inf")}, "cap: .* found inf"),
+    ({"bias": -0.3, "cap": 1e40}, r"cap: .* found 1e\+40, which is inf in float32"),
+])
+def test_spdnn_layer_bias_and_cap_must_be_finite(kwargs, needle):
+    with pytest.raises(ShapeError, match=needle):
+        sparsegen.compile(two_by_two(2.0), op="spdnn_layer", backend="emulate", **kwargs)
+
+
+# ---- operands: refused, never converted, on both backends ------------------------------------
+
+def _strided_view(x):
+    wide = np.zeros((x.shape[0], 2 * x.shape[1]), x.dtype)
+    return wide[:, ::2]
+
+
+BAD_INPUTS = [
+    (lambda x: x.tolist(), r"input x: expected a NumPy array .*, got list$"),
+    (lambda x: float(x[0, 0]), r"input x: expected a NumPy array .*, got float$"),
+    (lambda x: x.reshape(12, 4, 1), r"input x: expected shape \(12, 4\), got \(12, 4, 1\)$"),
+    (lambda x: x.astype(np.float64), r"input x: expected dtype float32, got float64"),
+    (np.asfortranarray, r"input x: expected a C-contiguous \(row-major\) array, got strides \(4, 48\)"),
+    (_strided_view, r"input x: expected a C-contiguous \(row-major\) array, got strides \(32, 8\)"),
+]
+
+
+def _read_only(shape):
+    out = np.full(shape, 7.0, np.float32)
+    out.flags.writeable = False
+    return out
+
+
+BAD_OUTPUTS = [
+    (_read_only, r"output y: expected a writeable array, got a read-only one$"),
+    (lambda shape: np.full(shape, 7.0, np.float32).tolist(), r"output y: expected a NumPy array, as the inputs are, "
+                                                              r"got list$"),
+    (lambda shape: np.full(shape, 7.0), r"output y: expected dtype float32, got float64"),
+    (lambda shape: np.full(shape[::-1], 7.0, np.float32), r"output y: expected shape \(10, 4\), got \(4, 10\)$"),
+    (lambda shape: np.full(shape + (1,), 7.0, np.float32), r"output y: expected shape \(10, 4\), got \(10, 4, 1\)$"),
+    (lambda shape: np.full(shape, 7.0, np.float32, order="F"), r"output y: expected a C-contiguous"),
+    (lambda shape: _strided_view(np.full(shape, 7.0, np.float32)), r"output y: expected a C-contiguous"),
+]
+
+
+def emulated_kernel():
+    k = sparsegen.compile(random_csr(10, 12, 0.3, seed=3), n=4, backend="emulate")
+    return k, np.ones((12, 4), np.float32)
+
+
+@pytest.mark.parametrize("make,needle", BAD_INPUTS)
+def test_the_emulator_refuses_inputs_it_would_have_to_convert(make, needle):
+    k, x = emulated_kernel()
+    with pytest.raises(ShapeError, match=needle):
+        k(make(x))
+
+
+@pytest.mark.parametrize("make,needle", BAD_OUTPUTS)
+def test_the_emulator_refuses_an_out_it_cannot_write_and_leaves_it_alone(make, needle):
+    k, x = emulated_kernel()
+    out = make((10, 4))
+    before = np.array(out, copy=True)
+    with pytest.raises(ShapeError, match=needle):
+        k(x, out=out)
+    assert np.array_equal(np.asarray(out), before)
+
+
+def test_the_emulator_refuses_a_cpu_torch_tensor():
+    torch = pytest.importorskip("torch", reason="torch not installed")
+    k, x = emulated_kernel()
+    with pytest.raises(ShapeError, match=r"input x: expected a NumPy array .*, got torch\.Tensor on cpu$"):
+        k(torch.from_numpy(x))
+
+
+class _Launcher:
+    """The parts of runtime.Launcher that the host path reads before it touches the GPU."""
+
+    def __init__(self, kernel):
+        self.inputs, self.output = kernel.family.operands(kernel.spec, kernel.plan)
+
+
+@pytest.mark.parametrize("make,needle", BAD_INPUTS)
+def test_the_gpu_backend_checks_host_inputs_as_the_emulator_does(make, needle):
+    """runtime's host path raises, before it needs a GPU, the error the emulator raises."""
+    from sparsegen import runtime
+
+    k, x = emulated_kernel()
+    with pytest.raises(ShapeError, match=needle) as gpu:
+        runtime._run_host(k.spec.family, _Launcher(k), (make(x),), None, None)
+    with pytest.raises(ShapeError) as emulated:
+        k(make(x))
+    assert str(gpu.value).replace(runtime.GPU_TAKES, "*") == str(emulated.value).replace(api.EMULATOR_TAKES, "*")
+
+
+@pytest.mark.parametrize("make,needle", BAD_OUTPUTS)
+def test_the_gpu_backend_checks_a_host_out_as_the_emulator_does(make, needle):
+    from sparsegen import runtime
+
+    k, x = emulated_kernel()
+    with pytest.raises(ShapeError, match=needle) as gpu:
+        runtime._run_host(k.spec.family, _Launcher(k), (x,), make((10, 4)), None)
+    with pytest.raises(ShapeError) as emulated:
+        k(x, out=make((10, 4)))
+    assert str(gpu.value) == str(emulated.value)
+
+
+def test_operand_count_reads_alike_on_both_backends():
+    from sparsegen import runtime
+
+    k, x = emulated_kernel()
+    with pytest.raises(ShapeError, match=r"^csr_rowsplit takes 1 operand\(s\) \(x\), got 2$"):
+        k(x, x)
+    with pytest.raises(ShapeError, match=r"^csr_rowsplit takes 1 operand\(s\) \(x\), got 0$"):
+        runtime._run_host(k.spec.family, _Launcher(k), (), None, None)

@@ -148,4 +148,112 @@ def test_python_dash_m_and_debug_traceback(tmp_path):
     bad = tmp_path / "bad.mtx"
     bad.write_text("garbage\n")
     out = subprocess.run(env_py + ["--debug", "inspect", str(bad)], capture_output=True, text=True, cwd=REPO)
-    assert out.returncode != 0 and "Traceback" in out.stderr
+    assert out.returncode == 2 and out.stderr.startswith("Traceback")
+    assert out.stderr.rstrip("\n").splitlines()[-1].startswith(f"sparsegen: error: {bad}")
+
+
+# ---- every failure: one line, exit status 2 ------------------------------------------------------
+
+def one_error_line(err: str) -> str:
+    """The stderr of a failure is exactly one line, `sparsegen: error: ...`; returns it."""
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    assert err.startswith("sparsegen: error: ") and "Traceback" not in err and "usage:" not in err, err
+    return err[:-1]
+
+
+def failures(examples_dir, tmp_path):
+    layer = str(examples_dir / "n1024-l1.tsv.gz")
+    return [
+        ([], "the following arguments are required: COMMAND (see 'sparsegen --help')"),
+        (["bogus"], "invalid choice: 'bogus'"),
+        (["inspect"], "the following arguments are required: file (see 'sparsegen inspect --help')"),
+        (["inspect", layer, "--n", "abc"], "argument --n: invalid int value: 'abc'"),
+        (["inspect", layer, "--dtype", "float64"], "argument --dtype: invalid choice: 'float64'"),
+        (["inspect", layer, "--bogus"], "unrecognized arguments: --bogus"),
+        (["inspect", layer, "--n", "0"], "must be a positive integer, got 0"),
+        (["inspect", layer, "--format", "xyz"], "format must be one of"),
+        (["inspect", str(tmp_path / "a\nb.tsv")], "a\\x0ab.tsv: expected an existing file"),
+        (["cache", "nuke"], "argument action: invalid choice: 'nuke'"),
+        (["demo", "--backend", "tpu"], "argument --backend: invalid choice: 'tpu'"),
+        (["compile", layer, "--dump", str(tmp_path), "--arch", "sm90"], "'sm90' is not of the form sm_XY"),
+        (["spdnn", "run"], "sparsegen spdnn run needs --weights and --inputs"),
+    ]
+
+
+def test_every_failure_is_one_line_and_exit_2(capsys, examples_dir, tmp_path):
+    for argv, needle in failures(examples_dir, tmp_path):
+        code, out, err = run(capsys, *argv)
+        assert code == 2, argv
+        assert needle in one_error_line(err), (argv, err)
+
+
+@pytest.mark.parametrize("argv", [["--debug", "inspect", "MISSING"], ["inspect", "MISSING", "--debug"],
+                                  ["--debug", "bogus"], ["--debug", "inspect", "MISSING", "--n", "abc"]])
+def test_debug_prints_the_traceback_then_the_one_line(capsys, tmp_path, argv):
+    argv = [str(tmp_path / "nope.tsv") if a == "MISSING" else a for a in argv]
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert err.startswith("Traceback (most recent call last):")
+    last = err.rstrip("\n").splitlines()[-1]
+    assert last.startswith("sparsegen: error: ") and err.endswith(last + "\n")
+
+
+def test_a_bug_is_one_line_naming_the_exception(capsys, monkeypatch):
+    import sparsegen.cli as cli
+
+    def broken(args):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(cli, "cmd_cache", broken)
+    code, _, err = run(capsys, "cache", "info")
+    assert code == 2
+    assert one_error_line(err) == ("sparsegen: error: internal error RuntimeError: boom\\x0asecond line "
+                                   "(a bug in sparsegen: rerun with --debug for the traceback and report it)")
+    code, _, err = run(capsys, "cache", "info", "--debug")
+    assert code == 2 and "Traceback" in err and 'raise RuntimeError("boom' in err
+
+
+def test_an_interrupt_exits_130_with_one_line(capsys, monkeypatch):
+    import sparsegen.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_cache", interrupted)
+    code, _, err = run(capsys, "cache", "info")
+    assert (code, err) == (130, "sparsegen: interrupted\n")
+
+
+def module_code(argv, patch: str) -> str:
+    """Python that runs `python -m sparsegen ARGV` after `patch` (run with `cli` imported), which makes
+    a command fail as a bug or an interrupt would."""
+    return (f"import runpy, sys, time\nimport sparsegen.cli as cli\n{patch}\n"
+            f"sys.argv = ['sparsegen', *{list(argv)!r}]\nrunpy.run_module('sparsegen', run_name='__main__')\n")
+
+
+def test_failures_through_python_dash_m(examples_dir, tmp_path):
+    plain = [sys.executable, "-m", "sparsegen"]
+    for argv, needle in failures(examples_dir, tmp_path)[:8:3]:
+        proc = subprocess.run(plain + argv, capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert proc.returncode == 2 and needle in one_error_line(proc.stderr) and proc.stdout == "", argv
+    patch = "def broken(args):\n    raise MemoryError('no room')\ncli.cmd_cache = broken"
+    proc = subprocess.run([sys.executable, "-c", module_code(["cache", "info"], patch)], capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 2 and "internal error MemoryError: no room" in one_error_line(proc.stderr)
+
+
+def test_ctrl_c_through_python_dash_m_exits_130():
+    import signal
+
+    patch = "def slow(args):\n    print('ready', flush=True)\n    time.sleep(60)\ncli.cmd_cache = slow"
+    proc = subprocess.Popen([sys.executable, "-c", module_code(["cache", "info"], patch)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and err == "sparsegen: interrupted\n"

@@ -87,7 +87,7 @@ def test_emulator_rounds_as_cublas_then_the_epilogue_do(dtype):
 
 def test_emulator_checks_operands_and_writes_out():
     kernel, x, y = emulate(random_csr(20, 30, 0.3, seed=4), 8, "float16")
-    with pytest.raises(ShapeError, match="expected float16"):
+    with pytest.raises(ShapeError, match="expected dtype float16"):
         kernel(x.astype(np.float32))
     with pytest.raises(ShapeError, match=r"\(30, 8\)"):
         kernel(np.zeros((31, 8), np.float16))

@@ -475,3 +475,13 @@ def test_mnist_inputs_orientation_and_count(tmp_path):
         gc.mnist_inputs(p, count=3)
     with pytest.raises(ValueError, match="side"):
         gc.mnist_inputs(p, side=0)
+
+
+def test_a_layer_value_float32_cannot_hold_is_a_format_error(tmp_path):
+    gc.write_network(gc.generate_network(512, 2, seed=3), tmp_path)
+    layer = tmp_path / "n512-l2.tsv"
+    lines = layer.read_text().splitlines()
+    lines[6] = lines[6].rsplit("\t", 1)[0] + "\t1e300"
+    layer.write_text("\n".join(lines) + "\n")
+    with pytest.raises(FormatError, match=r"n512-l2\.tsv:7: .*float32.*1e\+?300"):
+        gc.read_network(tmp_path)

@@ -3,15 +3,20 @@ that the spec's parameters switch on and off."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import ClassVar
 
 import jinja2
 import pytest
 
+import sparsegen
 from sparsegen import __version__
+from sparsegen.errors import UnsupportedError
 from sparsegen.families import csr_rowsplit as fam
 from sparsegen.families.base import KernelSpec
-from sparsegen.render import Provenance, environment, render, render_body
+from sparsegen.render import Provenance, comment_safe, environment, render, render_body
+
+from .helpers import elf_symbols
 
 SPECS = [fam.Spec(d, n, v, c, k, 128, b, r)
          for d, n, v, c, k in [("f32", 128, 4, 32, 1), ("f32", 1, 1, 1, 1), ("f32", 12, 4, 4, 8),
@@ -83,3 +88,128 @@ def test_another_template_root_renders_its_own_copy(tmp_path):
     assert render_body(spec, str(tmp_path)) == f"// saved copy: N = {spec.n}\n"
     assert render_body(spec) != render_body(spec, str(tmp_path))
     assert render(spec, None, str(tmp_path)).endswith(f"// saved copy: N = {spec.n}\n")
+
+
+# ---- outside text in the header ---------------------------------------------------------------
+
+DECLARATION = 'extern "C" __global__ void pwned(int* p) { *p = 1; }'
+HOSTILE = ["a*/\n" + DECLARATION + "\n/*", "x\\\n" + DECLARATION, "p??/\n" + DECLARATION, "\r" + DECLARATION,
+           "*/" + DECLARATION + "/*", "\u2028\u202e\x00\x1b[2J\t", "ends in a backslash \\", "/*/**//"]
+
+
+def assert_one_comment(header: str):
+    """The header is one `/* ... */` comment: printable ASCII lines, none of which ends in a backslash
+    (a line continuation), with no comment delimiter or trigraph but the opening and the closing."""
+    assert header.startswith("/*") and header.endswith("*/\n")
+    inner = header[2:-3]
+    assert "*/" not in inner and "/*" not in inner and "??" not in inner
+    for line in header.splitlines():
+        assert all(" " <= ch <= "~" for ch in line), repr(line)
+        assert not line.rstrip().endswith("\\"), repr(line)
+    assert all(line.startswith(" * ") for line in header.splitlines()[1:-1])
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_comment_safe_keeps_text_inside_a_comment(text):
+    safe = comment_safe(text)
+    assert "\n" not in safe and "*/" not in safe and "/*" not in safe and "??" not in safe
+    assert all(" " <= ch <= "~" for ch in safe) and not safe.endswith("\\")
+
+
+def test_comment_safe_escapes_visibly_and_leaves_plain_text_alone():
+    assert comment_safe("sparsegen compile m.tsv --n 8") == "sparsegen compile m.tsv --n 8"
+    assert comment_safe("a\nb\\c\u202e") == "a\\x0ab\\x5cc\\u202e"
+    assert comment_safe("a*/b/*c??/") == "a* /b/ *c? ?/"
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_every_header_line_is_comment_text(text):
+    spec = SPECS[0]
+    src = render(spec, Provenance(text, f"sparsegen compile {text}/m.tsv --n 128"))
+    header, body = src.split("*/\n", 1)
+    assert_one_comment(header + "*/\n")
+    assert body == render_body(spec)
+
+
+def test_string_spec_fields_are_words():
+    """Option values reach string spec fields, which templates paste into source: anything but a word
+    is refused when the spec is made."""
+    for bad in ("f32*/", "f32\n" + DECLARATION, "f32 x", "f32\\"):
+        with pytest.raises(UnsupportedError, match="spec field dtype="):
+            fam.Spec(bad, 128, 4, 32, 1, 128, False, False)
+    for bad in (float("nan"), float("inf"), [1], "1.5"):
+        with pytest.raises(UnsupportedError, match="spec field n="):
+            fam.Spec("f32", bad, 4, 32, 1, 128, False, False)
+
+
+def hostile_matrix_file(root: Path) -> Path:
+    """m.tsv under directories whose names close the header's comment, declare a kernel, and open a
+    new comment that a backslash-newline carries into the rest of the header line."""
+    d = root / "a*" / f"\n{DECLARATION}\n" / "*c\\\n"
+    d.mkdir(parents=True)
+    (d / "m.tsv").write_text("1\t1\t1.0\n2\t2\t1.0\n")
+    return d / "m.tsv"
+
+
+def sources_for_clean_and_hostile_paths(tmp_path, monkeypatch):
+    """Both compiled afresh: a plan cache hit keeps the header of the call that stored it."""
+    monkeypatch.setenv("SPARSEGEN_DISABLE_CACHE", "1")
+    clean = tmp_path / "clean" / "m.tsv"
+    clean.parent.mkdir()
+    clean.write_text("1\t1\t1.0\n2\t2\t1.0\n")
+    hostile = hostile_matrix_file(tmp_path / "hostile")
+    return [sparsegen.compile(p, n=2, backend="emulate").source for p in (clean, hostile)]
+
+
+def test_a_hostile_path_changes_only_the_header(tmp_path, monkeypatch):
+    clean, hostile = sources_for_clean_and_hostile_paths(tmp_path, monkeypatch)
+    head, body = hostile.split("*/\n", 1)
+    assert_one_comment(head + "*/\n")
+    assert body == clean.split("*/\n", 1)[1]
+    assert DECLARATION.replace("*p", "* p") not in body
+    reproduce = [line for line in head.splitlines() if "reproduce:" in line]
+    assert len(reproduce) == 1 and "a* /\\x0aextern" in reproduce[0] and "\\x5c\\x0a/m.tsv" in reproduce[0]
+
+
+def test_cli_source_escapes_the_path(tmp_path, capsys):
+    import json
+
+    from sparsegen.cli import main
+
+    path = hostile_matrix_file(tmp_path)
+    assert main(["inspect", str(path), "--n", "2", "--source", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["file"] == str(path)
+    head, body = record["source"].split("*/\n", 1)
+    assert_one_comment(head + "*/\n")
+    assert "pwned" not in body
+
+
+@pytest.mark.nvcc
+def test_a_hostile_path_adds_no_symbol_to_the_cubin(tmp_path, monkeypatch):
+    from sparsegen import nvcc
+
+    clean, hostile = sources_for_clean_and_hostile_paths(tmp_path, monkeypatch)
+    clean_symbols = elf_symbols(nvcc.compile_cubin(clean, "sm_90"))
+    assert elf_symbols(nvcc.compile_cubin(hostile, "sm_90")) == clean_symbols
+    # the same path pasted raw (as a header without comment_safe would) compiles the declaration:
+    # the symbol check sees it
+    raw = f"/* reproduce: {tmp_path}/a*/\n{DECLARATION}\n/*c\\\n/m.tsv\n */\n" + clean.split("*/\n", 1)[1]
+    assert elf_symbols(nvcc.compile_cubin(raw, "sm_90")) - clean_symbols >= {"pwned"}
+
+
+@pytest.mark.nvcc
+def test_cuobjdump_agrees_on_the_symbols(tmp_path, monkeypatch):
+    import shutil
+    import subprocess
+
+    from sparsegen import nvcc
+
+    tool = shutil.which("cuobjdump")
+    if tool is None:
+        pytest.skip("cuobjdump not on PATH: the symbol check above reads the ELF symbol table itself")
+    _, hostile = sources_for_clean_and_hostile_paths(tmp_path, monkeypatch)
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(nvcc.compile_cubin(hostile, "sm_90"))
+    listing = subprocess.run([tool, "-symbols", str(cubin)], capture_output=True, text=True, check=True).stdout
+    assert "pwned" not in listing and "csr_rowsplit_spmm" in listing

@@ -224,3 +224,24 @@ def test_gpu_relabeled_network_matches_scipy():
     for relabel in ("always", "never"):
         r = sparsegen.SparseDNN(layers, bias=-0.35, backend="gpu", relabel=relabel, progress=False).run(y)
         assert np.array_equal(r.ids, ids) and np.allclose(r.features, ref, rtol=1e-5, atol=1e-4), relabel
+
+
+def test_weights_biases_caps_and_inputs_the_float32_kernel_cannot_hold_are_named():
+    from sparsegen.errors import FormatError
+
+    good = random_layers(32, 2, 4, seed=11)
+    bad = good[1].astype(np.float64)
+    bad.data[5] = 1e300
+    row = int(np.searchsorted(bad.indptr, 5, side="right")) - 1
+    with pytest.raises(FormatError, match=rf"<layer 2>: expected finite values that float32 can hold.*"
+                                          rf"found 1e\+300 at \(row {row}, col {bad.indices[5]}\)"):
+        sparsegen.SparseDNN([good[0], bad], bias=-0.3, backend="emulate", progress=False)
+    for kwargs, needle in (({"bias": float("nan")}, "bias: .*found nan"), ({"bias": 1e300}, r"bias: .*1e\+300"),
+                           ({"bias": -0.3, "cap": float("inf")}, "cap: .*found inf")):
+        with pytest.raises(ShapeError, match=needle):
+            sparsegen.SparseDNN(good, backend="emulate", progress=False, **kwargs)
+    net = sparsegen.SparseDNN(good, bias=-0.3, backend="emulate", progress=False)
+    inputs = random_inputs(4, 32, 0.5, 3).astype(np.float64)
+    inputs.data[0] = -1e300
+    with pytest.raises(FormatError, match=r"<inputs>: .*found -1e\+300 at \(row 0, col"):
+        net.run(inputs)

@@ -309,9 +309,9 @@ def test_compile_emulate_returns_values_in_csr_order():
 
 
 @pytest.mark.parametrize("args,needle", [
-    (lambda x, y: (x[:, :5], y), r"input a: expected float32 \(40, 6\)"),
-    (lambda x, y: (x, y[:-1]), r"input b: expected float32 \(30, 6\)"),
-    (lambda x, y: (x.astype(np.float64), y), "input a: expected float32"),
+    (lambda x, y: (x[:, :5], y), r"input a: expected shape \(40, 6\), got \(40, 5\)"),
+    (lambda x, y: (x, y[:-1]), r"input b: expected shape \(30, 6\), got \(29, 6\)"),
+    (lambda x, y: (x.astype(np.float64), y), "input a: expected dtype float32, got float64"),
     (lambda x, y: (x,), "takes 2 operand")])
 def test_bad_operands_name_the_operand(args, needle):
     a = random_csr(40, 30, 0.2, seed=7)

@@ -76,7 +76,7 @@ def test_prune_keeps_existing_zeros_past_the_count():
 
 
 def test_prune_rejects_non_finite_weights():
-    with pytest.raises(SparsegenError, match="NaN or inf"):
+    with pytest.raises(ShapeError, match=r"weight \(magnitude pruning needs finite weights\): .*found nan at index 1"):
         sgt.magnitude_prune(torch.tensor([1.0, float("nan")]), 0.5)
 
 
@@ -299,3 +299,19 @@ def test_prepare_minilm_converts_floats_to_fp16(tmp_path):
     assert out["ids"].dtype == np.int64 and np.array_equal(out["ids"], weights["ids"])
     with pytest.raises(SystemExit, match="not an all-MiniLM-L6-v2 folder"):
         prepare_minilm.read_files(tmp_path)
+
+
+def test_weights_and_biases_the_layer_dtype_cannot_hold_are_named():
+    w = torch.tensor([[1.0, 0.0, 70000.0], [0.0, 2.0, 0.0]])
+    with pytest.raises(ShapeError, match=r"^weight: expected finite values that float16 can hold .*"
+                                         r"found 70000\.0 at index \(0, 2\), which is inf in float16$"):
+        sgt.SparseLinear(w, dtype="float16", backend="emulate")
+    assert sgt.SparseLinear(w, dtype="float32", backend="emulate").nnz == 3  # float32 holds it
+    with pytest.raises(ShapeError, match=r"^weight: .*at index \(0, 0\), which is inf in bfloat16$"):
+        sgt.SparseLinear(torch.tensor([[3.4e38, 1.0]]), dtype="bfloat16", backend="emulate")
+    with pytest.raises(ShapeError, match=r"^bias: .*found 100000\.0 at index 1, which is inf in float16$"):
+        sgt.SparseLinear(torch.ones(2, 3), torch.tensor([1.0, 1e5]), dtype="float16", backend="emulate")
+    with pytest.raises(ShapeError, match=r"^bias: .*found nan at index 0$"):
+        sgt.SparseLinear(torch.ones(2, 3), torch.tensor([float("nan"), 1.0]), backend="emulate")
+    with pytest.raises(ShapeError, match=r"^weight: .*found inf at index \(1, 1\)$"):
+        sgt.SparseLinear(torch.tensor([[1.0, 0.0], [0.0, float("inf")]]), backend="emulate")

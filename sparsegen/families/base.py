@@ -13,10 +13,17 @@ spec, bias)` (the encoding alone) and `specialize(plan, spec)` (what the request
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import numbers
+import re
 from dataclasses import dataclass
 from typing import Callable, ClassVar
 
+from ..errors import UnsupportedError
+
 DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+TEMPLATE_WORD = re.compile(r"[A-Za-z0-9_]*")  # what a string spec field may hold: it is pasted into source
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,10 @@ class KernelSpec:
 
     family: ClassVar[str] = ""
 
+    def __post_init__(self):
+        for name in _field_names(type(self)):
+            check_template_value(self.family, name, getattr(self, name))
+
     @property
     def name(self) -> str:  # pragma: no cover - every family overrides it
         raise NotImplementedError
@@ -64,6 +75,25 @@ class KernelSpec:
 
     def to_dict(self) -> dict:
         return {"family": self.family, "name": self.name, **self.fields()}
+
+
+@functools.cache
+def _field_names(cls) -> tuple:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def check_template_value(family: str, name: str, value) -> None:
+    """A spec field is pasted into CUDA source and into file names: it must be None, a bool, an
+    integer, a finite real, or a string of letters, digits and `_`. Option values reach spec fields,
+    so anything else (a quote, a newline, `*/`) is refused here, before any template sees it."""
+    if value is None or type(value) in (bool, int) or isinstance(value, numbers.Integral):
+        return
+    if isinstance(value, numbers.Real) and math.isfinite(value):
+        return
+    if isinstance(value, str) and TEMPLATE_WORD.fullmatch(value):
+        return
+    raise UnsupportedError(f"{family} spec field {name}={value!r}: expected None, a bool, an integer, a finite "
+                           f"number or a word of letters, digits and _")
 
 
 @dataclass(frozen=True)
