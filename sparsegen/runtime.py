@@ -175,7 +175,7 @@ def _check_gpu(x, expect, role: str) -> int:
     ordinal = getattr(dev, "index", getattr(dev, "id", None))
     if getattr(dev, "type", "cuda") != "cuda" or (ordinal is not None and ordinal != device_ordinal()):
         raise ShapeError(f"{role} {expect.name}: expected an array on cuda:{device_ordinal()}, got {dev}")
-    if cai.get("readonly", False) and role == "output":
+    if role == "output" and cai["data"][1]:  # the CUDA array interface's read-only flag
         raise ShapeError(f"output {expect.name}: expected a writeable array, got a read-only one")
     return int(cai["data"][0])
 
