@@ -13,7 +13,7 @@ def plot_matrix(csr, stats, path, title: str = "") -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise SparsegenError("--plot needs matplotlib: pip install 'sparsegen[plot]'") from exc
+        raise SparsegenError("--plot needs matplotlib: pip install -e \".[plot]\"") from exc
     lengths = np.diff(csr.indptr)
     fig, (ax_hist, ax_spy) = plt.subplots(1, 2, figsize=(11, 4.6))
     bins = min(60, max(1, int(lengths.max(initial=0)) + 1))

@@ -27,7 +27,7 @@ def _driver():
         try:
             import pycuda.driver as drv
         except ImportError as exc:
-            raise LaunchError("the GPU backend needs PyCUDA: pip install 'sparsegen[gpu]' "
+            raise LaunchError("the GPU backend needs PyCUDA: pip install -e \".[gpu]\" "
                               "(or use backend='emulate')") from exc
         try:
             drv.init()
@@ -404,7 +404,7 @@ def blas(library: str, dtype: str):
         except LaunchError as exc:
             problems.append(str(exc))
     raise LaunchError(f"the dense fallback (dense_gemm) calls cuBLAS through PyTorch or CuPy: {'; '.join(problems)}. "
-                      f"pip install torch (or cupy-cuda12x, float16 only), force a sparse family with "
+                      f"pip install -e \".[torch]\" (or cupy-cuda12x, float16 only), force a sparse family with "
                       f"options={{'family': ...}}, or use backend='emulate'")
 
 

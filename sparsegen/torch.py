@@ -39,7 +39,7 @@ import scipy.sparse as sp
 try:
     import torch
 except ImportError as exc:  # pragma: no cover - exercised only where torch is absent
-    raise ImportError("sparsegen.torch needs PyTorch: pip install torch") from exc
+    raise ImportError("sparsegen.torch needs PyTorch: pip install -e \".[torch]\"") from exc
 
 from . import api, runtime
 from .errors import ShapeError, SparsegenError, UnsupportedError

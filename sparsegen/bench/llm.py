@@ -1377,7 +1377,7 @@ def write_png(doc: dict, path):
         import matplotlib.pyplot as plt
         from matplotlib import ticker
     except ImportError:
-        return None, "matplotlib is not installed; `pip install matplotlib` to get the plot"
+        return None, "matplotlib is not installed; `pip install -e '.[plot]'` to get the plot"
     table = speedup_table(doc["cases"])
     if not table:
         return None, "no passing case to plot"

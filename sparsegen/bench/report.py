@@ -220,7 +220,7 @@ def write_png(doc: dict, path):
         import matplotlib.pyplot as plt
         from matplotlib import ticker
     except ImportError:
-        return None, "matplotlib is not installed; `pip install matplotlib` to get the plot"
+        return None, "matplotlib is not installed; `pip install -e '.[plot]'` to get the plot"
     cases = [c for c in doc["cases"] if c.get("status") == "ok"]
     if not cases:
         return None, "no passing case to plot"
