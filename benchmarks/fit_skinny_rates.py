@@ -1,4 +1,4 @@
-"""Refit the skinny cost model's tile rates (`skinny_cost.RATES`) to measured H100 times.
+"""Refit the skinny cost model's tile rates (a rates file's `tiles`) to measured times.
 
     python benchmarks/fit_skinny_rates.py RESULTS [RESULTS ...] [--only-defaults]
 
@@ -28,10 +28,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from scipy.optimize import minimize  # noqa: E402
 
-from sparsegen.families import skinny_cost  # noqa: E402
 from sparsegen.families.base import Request  # noqa: E402
+from sparsegen.select import skinny_cost  # noqa: E402
+from sparsegen.select.device import default as default_device  # noqa: E402
+from sparsegen.select.ratesfile import TileRates  # noqa: E402
 from tests.tiled_helpers import uniform_stats  # noqa: E402
 
+DEVICE = [default_device()]  # the device the predictions are made for (main() may change its wave rates)
 SPEC = re.compile(r"\.m(\d+)k(\d+)n(\d+)\.t(\d+)x64\.bn\d+\.(?:sk(\d+)([acr]?)|stream\d+)")
 GRANULE = re.compile(r"\.g(\d+)(\.|$)")
 REDUCTION = {"": "none", "a": "atomic", "c": "cluster", "r": "two_step"}
@@ -57,7 +60,7 @@ def spec_options(spec: str) -> dict:
 
 
 def rates_key(fam: str, spec: str) -> str:
-    """The skinny_cost.RATES entry a measured spec calibrates."""
+    """The tile rates' key a measured spec calibrates."""
     g = GRANULE.search(spec)
     return fam + (".g2" if fam == "tiled_bitmap_spmm" and g and g.group(1) == "2" else "")
 
@@ -95,14 +98,15 @@ def rows_from_probe(path: str, only_defaults: bool) -> list:
 
 def matches_chooser(fam: str, m: int, k: int, density: float, n: int, spec: str) -> bool:
     stats, _ = case(m, k, density, n, spec)
-    chosen, _ = skinny_cost.tiled_family(fam.split(".")[0]).choose(stats, Request("spmm", n=n, dtype="float16"))
+    chosen, _ = skinny_cost.build(stats, Request("spmm", n=n, dtype="float16", device=DEVICE[0]), fam.split(".")[0])
     return spec_options(chosen.name) == spec_options(spec)
 
 
 @functools.cache
 def case(m: int, k: int, density: float, n: int, spec: str):
     """(stats, request) of a row: built once, then reused by every evaluation of the fit."""
-    request = Request("spmm", n=n, dtype="float16", options=tuple(sorted(spec_options(spec).items())))
+    request = Request("spmm", n=n, dtype="float16", options=tuple(sorted(spec_options(spec).items())),
+                      device=DEVICE[0])
     return uniform_stats(m, k, density), request
 
 
@@ -110,7 +114,7 @@ def predict(row, rates) -> float:
     fam, m, k, density, n, spec, _ = row
     stats, request = case(m, k, density, n, spec)
     return skinny_cost.tiled_seconds(stats, request, fam.split(".")[0],
-                                     skinny_cost.TileRates(*rates[:3], rates[3] * 1e-6, *rates[4:6]))
+                                     TileRates(*rates[:3], rates[3] * 1e-6, *rates[4:6]))
 
 
 def errors(rows, rates) -> np.ndarray:
@@ -122,20 +126,23 @@ def main() -> int:
     ap.add_argument("results", nargs="+")
     ap.add_argument("--only-defaults", action="store_true")
     ap.add_argument("--only-n16", action="store_true", help="fit the 16-column factor alone")
-    ap.add_argument("--occupancy-h", type=float, default=None, help="try another _tiled.OCCUPANCY_H")
-    ap.add_argument("--wide-two-step-scale", type=float, default=None, help="try another _tiled.WIDE_TWO_STEP_SCALE")
+    ap.add_argument("--occupancy-h", type=float, default=None, help="try another tiles.occupancy_h")
+    ap.add_argument("--wide-two-step-scale", type=float, default=None, help="try another tiles.wide_two_step_scale")
     args = ap.parse_args()
-    from sparsegen.families import _tiled
+    import dataclasses
 
-    if args.occupancy_h is not None:
-        _tiled.OCCUPANCY_H = args.occupancy_h
-    if args.wide_two_step_scale is not None:
-        _tiled.WIDE_TWO_STEP_SCALE = args.wide_two_step_scale
+    device = default_device()
+    tiles = device.rates.tiles
+    tiles = dataclasses.replace(tiles, occupancy_h=tiles.occupancy_h if args.occupancy_h is None else args.occupancy_h,
+                                wide_two_step_scale=(tiles.wide_two_step_scale if args.wide_two_step_scale is None
+                                                     else args.wide_two_step_scale))
+    DEVICE[0] = device.with_rates(device.rates.replace(tiles=tiles))
     total = 0.0
     rows = []
     for path in args.results:
         rows += rows_from_llm(path) if path.endswith(".json") else rows_from_probe(path, args.only_defaults)
-    for fam, old in skinny_cost.RATES.items():
+    for fam in ("tiled_csl_spmm", "tiled_bitmap_spmm", "tiled_bitmap_spmm.g2"):
+        old = DEVICE[0].rates.tiles.of(fam)
         mine = [r for r in rows if r[0] == fam]
         if not mine:
             continue

@@ -94,7 +94,22 @@ def _load(args):
     return load(args.file, **options)
 
 
+def inspect_device():
+    """The device `inspect` selects for: the GPU here, else the default device (no GPU needed)."""
+    from .select.device import DeviceModel
+
+    return DeviceModel.current() if _gpu_here() else DeviceModel.default()
+
+
+def _gpu_here() -> bool:
+    from . import runtime
+
+    return runtime.available()
+
+
 def _stats_and_selection(args):
+    import dataclasses
+
     from .analyze import analyze
     from .api import _request
     from .families.base import Request
@@ -104,6 +119,7 @@ def _stats_and_selection(args):
     _check_k(args)
     request = _request(args.op, _n(args), args.k, args.dtype, Request.arch, args.bias, args.relu, cap=None,
                        bias_rule="nonzero", options=None)
+    request = dataclasses.replace(request, device=inspect_device())
     csr = as_csr(_load(args))
     stats = analyze(csr)
     return csr, stats, request, select_request(stats, request)
@@ -132,15 +148,17 @@ def skinny_predictions(stats, request) -> tuple:
     """The cost model's predicted times behind an fp16/bf16 spmm selection, fastest first, else ()."""
     if request.op != "spmm" or request.dtype not in ("float16", "bfloat16"):
         return ()
-    from .families import skinny_cost
+    from .select import skinny_cost
 
     return skinny_cost.compare(stats, request).predictions
 
 
-def inspect_record(args, stats, selection, predicted=()) -> dict:
+def inspect_record(args, stats, selection, predicted=(), device=None) -> dict:
     d = stats.to_dict()
     record = {"file": str(args.file)}
     record.update(d)
+    if device is not None:
+        record["device"] = device.describe()
     record["request"] = {"op": args.op, "n": _n(args), "k": args.k,
                          "dtype": args.dtype, "bias": args.bias, "relu": args.relu}
     record["selection"] = {"family": selection.spec.family, "spec": selection.spec.name,
@@ -152,7 +170,7 @@ def inspect_record(args, stats, selection, predicted=()) -> dict:
     return record
 
 
-def format_stats(path, stats, selection, predicted=()) -> str:
+def format_stats(path, stats, selection, predicted=(), device=None) -> str:
     r, c = stats.row_lengths, stats.col_lengths
     pct = stats.row_length_percentiles
     fp = "; ".join(f"{f.block_rows} rows: mean {f.mean:.1f} max {f.max}" for f in stats.footprint)
@@ -168,11 +186,13 @@ def format_stats(path, stats, selection, predicted=()) -> str:
         f"tiles       {t.tile_rows}x{t.tile_cols}: {t.tiles} tiles, {t.nonempty} nonempty, max nnz {t.max_nnz}, "
         f"mean nnz {t.mean_nnz:.2f}, {100 * t.dense_share:.2f} % over half dense",
         f"structure   sha256:{stats.structure_hash}",
+        *([f"device      {device.text}{'' if _gpu_here() else '  (no GPU here: the default device)'}"]
+          if device is not None else []),
         f"selection   {selection.spec.name}  (rule {selection.rule})",
         f"reason      {selection.reason}",
     ]
     if predicted:
-        lines.append(f"predicted   {', '.join(p.text for p in predicted)}  (cost model: families/skinny_cost.py)")
+        lines.append(f"predicted   {', '.join(p.text for p in predicted)}  (cost model: select/skinny_cost.py)")
     for rule, ok, why in selection.tried:
         if rule != selection.rule:
             lines.append(f"  {'accepts' if ok else 'declines'} {rule}: {why}")
@@ -183,12 +203,12 @@ def cmd_inspect(args) -> int:
     csr, stats, request, selection = _stats_and_selection(args)
     predicted = skinny_predictions(stats, request)
     if args.json:
-        record = inspect_record(args, stats, selection, predicted)
+        record = inspect_record(args, stats, selection, predicted, request.device)
         if args.source:
             record["source"] = _source(selection, stats, args)
         print(json.dumps(record, indent=2))
     else:
-        print(format_stats(args.file, stats, selection, predicted))
+        print(format_stats(args.file, stats, selection, predicted, request.device))
         if args.source:
             print()
             print(_source(selection, stats, args))
