@@ -237,9 +237,15 @@ def from_dict(doc, path="<rates>") -> Rates:
     return Rates(values, device, doc["measured"], provenance, str(path))
 
 
-@functools.lru_cache(maxsize=16)
 def load(path) -> Rates:
-    """Read a rates file; FormatError when it is not one (OSError when it cannot be read)."""
+    """Read a rates file; FormatError when it is not one (OSError when it cannot be read). Read once
+    per process while the file stays as it is."""
+    st = Path(path).stat()
+    return _load(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _load(path: str, mtime_ns: int, size: int) -> Rates:
     text = Path(path).read_text()
     try:
         doc = json.loads(text)
@@ -286,5 +292,4 @@ def write(rates: Rates, path) -> Path:
         json.dump(rates.to_dict(), f, indent=2)
         f.write("\n")
     os.replace(tmp, path)
-    load.cache_clear()
     return path
