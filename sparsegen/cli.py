@@ -79,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["info", "list", "clear"])
     p.set_defaults(func=cmd_cache)
 
+    p = sub.add_parser("calibrate", help="measure this GPU and write the rates its selection uses (needs a GPU, "
+                                         "PyTorch and nvcc; about 2 minutes)")
+    p.add_argument("--quick", action="store_true", help="fewer shapes, about 20 s")
+    p.add_argument("--out", metavar="PATH", help="write the rates file here (default: the cache, where "
+                                                 "selection on this GPU reads it)")
+    p.set_defaults(func=cmd_calibrate)
+
     p = sub.add_parser("bench", help="run a benchmark suite against cuSPARSE and cuBLAS (needs a GPU)")
     from . import bench
 
@@ -346,6 +353,13 @@ def format_spdnn(r: dict) -> str:
     if r["teraedges_per_s"]:
         lines.append(f"rate        {r['teraedges_per_s']:.2f} TeraEdges/s (inputs x edges / inference time)")
     return "\n".join(lines)
+
+
+def cmd_calibrate(args) -> int:
+    from .calibrate import calibrate
+
+    calibrate(quick=args.quick, out=args.out)
+    return 0
 
 
 def cmd_cache(args) -> int:
