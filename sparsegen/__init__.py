@@ -14,7 +14,7 @@ from .errors import (CompileError, FormatError, LaunchError, ShapeError,  # noqa
 
 from .analyze import MatrixStats, analyze  # noqa: E402  (function shadows the submodule on purpose)
 from .api import Kernel, compile  # noqa: E402,A004
-from .calibrate import calibrate  # noqa: E402  (function shadows the submodule on purpose)
+from .calibration import calibrate  # noqa: E402
 from .io import load  # noqa: E402
 from .select import select  # noqa: E402
 from .spdnn import Result, SparseDNN  # noqa: E402

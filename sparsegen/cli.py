@@ -356,7 +356,7 @@ def format_spdnn(r: dict) -> str:
 
 
 def cmd_calibrate(args) -> int:
-    from .calibrate import calibrate
+    from .calibration import calibrate
 
     calibrate(quick=args.quick, out=args.out)
     return 0

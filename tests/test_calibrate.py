@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from sparsegen import calibrate as cal
+from sparsegen import calibration as cal
 from sparsegen.families.base import Request
 from sparsegen.select import device as device_model
 from sparsegen.select import fit, fp32_cost, ratesfile, skinny_cost
