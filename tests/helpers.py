@@ -79,7 +79,7 @@ def without_tensor_cores(monkeypatch):
     fallback's own rules on layers dense enough that the tensor-core kernel would take them."""
     from sparsegen.select import policy
 
-    on_default_device(monkeypatch, synthetic_device("no tensor cores", fp32={"tensor_margin": 1e30}))
+    with_rates(monkeypatch, "no tensor cores", fp32={"tensor_margin": 1e30})
     monkeypatch.setattr(policy, "PANEL_NARROW_N", 0)  # nor where panel_spmm would serve n <= 128
 
 
@@ -97,8 +97,20 @@ def synthetic_device(label: str = "synthetic", **changes):
     return dataclasses.replace(base, rates=rates, **props)
 
 
-def on_default_device(monkeypatch, device):
-    """Make `device` the default device (what requests without one, and the emulator, plan for)."""
+def with_rates(monkeypatch, label: str, **groups):
+    """Both the default device and the GPU in use (`DeviceModel.current`, for backend "gpu") with
+    rate groups changed, e.g. fp32={"tensor_margin": 2.0}."""
+    import dataclasses
+    import functools
+
     from sparsegen.select import device as device_model
 
-    monkeypatch.setattr(device_model, "default", lambda: device)
+    default, current = device_model.default, device_model.current
+
+    def changed(device):
+        values = {g: dataclasses.replace(getattr(device.rates.values, g), **v) for g, v in groups.items()}
+        return device.with_rates(device.rates.replace(source=f"{device.rates.label} ({label})", **values))
+
+    fixed = changed(default())
+    monkeypatch.setattr(device_model, "default", lambda: fixed)
+    monkeypatch.setattr(device_model, "current", functools.lru_cache(maxsize=1)(lambda: changed(current())))
