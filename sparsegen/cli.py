@@ -102,7 +102,7 @@ def _load(args):
 
 
 def inspect_device():
-    """The device `inspect` selects for: the GPU here, else the default device (no GPU needed)."""
+    """The device `inspect` and `compile` select for: the GPU here, else the default device."""
     from .select.device import DeviceModel
 
     return DeviceModel.current() if _gpu_here() else DeviceModel.default()
@@ -244,7 +244,7 @@ def cmd_compile(args) -> int:
     _check_k(args)
     reproduce = f"sparsegen compile {args.file} {_request_flags(args)}"
     kernel = api.compile(_load(args), op=args.op, n=_n(args), k=args.k, dtype=args.dtype, bias=args.bias,
-                         relu=args.relu, arch=arch, backend="emulate", reproduce=reproduce)
+                         relu=args.relu, arch=arch, backend="emulate", reproduce=reproduce, device=inspect_device())
     written = kernel.dump(args.dump)
     print(f"{kernel.spec.name}  ({kernel.arch})")
     print(f"reason  {kernel.selection.reason}")
