@@ -166,6 +166,20 @@ def test_the_device_model_reads_what_the_gpu_reports():
     assert model != device_model.default() and hash(model) != hash(device_model.default())
 
 
+def test_a_property_the_driver_does_not_report_is_the_default_devices_and_said(monkeypatch, caplog):
+    raw = {"name": "NVIDIA X", "compute_capability": (8, 9), "sm_count": 128, "clock_khz": 2520000,
+           "shared_per_sm": 102400, "shared_per_block_optin": None, "registers_per_sm": 65536, "l2_bytes": 75497472,
+           "max_threads_per_sm": 1536, "memory_clock_khz": None, "bus_width_bits": 384, "total_memory": 25_000_000_000,
+           "driver": 13000}
+    monkeypatch.setattr(ratesfile, "_said", set())
+    with caplog.at_level(logging.WARNING, logger="sparsegen"):
+        props = device_model.properties_from(raw)
+    h100 = device_model.default()
+    assert props["shared_per_block_optin"] == h100.shared_per_block_optin and props["shared_per_sm"] == 102400
+    assert props["memory_bytes_per_s"] == h100.memory_bytes_per_s and props["max_threads_per_sm"] == 1536
+    assert "did not report memory_clock_khz, shared_per_block_optin" in caplog.records[0].getMessage()
+
+
 # ---- never slower than dense by choice -------------------------------------------------------------
 
 def test_the_margin_over_dense_is_the_rates_files_error():

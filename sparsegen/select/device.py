@@ -116,30 +116,25 @@ def current() -> DeviceModel:
     return DeviceModel.from_properties(props, rates_for(props))
 
 
+REPORTED = ("sm_count", "shared_per_sm", "shared_per_block_optin", "registers_per_sm", "l2_bytes",
+            "max_threads_per_sm", "total_memory")  # read as the device model keeps them
+
+
 def properties_from(raw: dict) -> dict:
-    """A rates file's "device" section from what `runtime.device_properties` read; a property the
-    driver did not report is taken from the default device, and said once."""
+    """A rates file's "device" section (and the driver) from what `runtime.device_properties` read;
+    a property the driver did not report is the default device's, and said once."""
     fallback = default().properties()
     missing = sorted(k for k, v in raw.items() if v is None)
     if missing:
         ratesfile.say_once("sparsegen: the GPU did not report %s; using the %s's", ", ".join(missing), fallback["name"])
-    value = raw
-    props = {
-        "name": value["name"] or "unknown GPU",
-        "compute_capability": list(value["compute_capability"] or fallback["compute_capability"]),
-        "sm_count": value["sm_count"] or fallback["sm_count"],
-        "clock_hz": 1e3 * value["clock_khz"] if value["clock_khz"] else fallback["clock_hz"],
-        "shared_per_sm": value["shared_per_sm"] or fallback["shared_per_sm"],
-        "shared_per_block_optin": value["shared_per_block_optin"] or fallback["shared_per_block_optin"],
-        "registers_per_sm": value["registers_per_sm"] or fallback["registers_per_sm"],
-        "l2_bytes": value["l2_bytes"] or fallback["l2_bytes"],
-        "max_threads_per_sm": value["max_threads_per_sm"] or fallback["max_threads_per_sm"],
-        "total_memory": value["total_memory"] or fallback["total_memory"],
-        "memory_bytes_per_s": (2e3 * value["memory_clock_khz"] * value["bus_width_bits"] / 8
-                               if value["memory_clock_khz"] and value["bus_width_bits"]
-                               else fallback["memory_bytes_per_s"]),
-    }
-    props["driver"] = value.get("driver")
+    props = {k: raw.get(k) or fallback[k] for k in REPORTED}
+    memory_khz, bus_bits = raw.get("memory_clock_khz"), raw.get("bus_width_bits")
+    props.update(
+        name=raw.get("name") or "unknown GPU",
+        compute_capability=list(raw.get("compute_capability") or fallback["compute_capability"]),
+        clock_hz=1e3 * raw["clock_khz"] if raw.get("clock_khz") else fallback["clock_hz"],
+        memory_bytes_per_s=2e3 * memory_khz * bus_bits / 8 if memory_khz and bus_bits else fallback["memory_bytes_per_s"],
+        driver=raw.get("driver"))
     return props
 
 
