@@ -1,14 +1,24 @@
-"""Selection on the default device (the H100 80GB HBM3 with its shipped rates) makes exactly the
-picks pinned in tests/fixtures/h100_picks.jsonl.gz (tests/h100_picks.py says how they were made)."""
+"""Selection knows the device: on the default device (the H100 80GB HBM3 with its shipped rates) it
+makes exactly the picks pinned in tests/fixtures/h100_picks.jsonl.gz (tests/h100_picks.py says how
+they were made); rates files are read strictly and fall back loudly; the margin over dense is the
+rates file's error; synthetic devices move picks the way the model says."""
 from __future__ import annotations
 
 import gzip
 import json
+import logging
 
 import pytest
 
+from sparsegen.errors import FormatError
+from sparsegen.families.base import Request
+from sparsegen.select import device as device_model
+from sparsegen.select import ratesfile, select_request, skinny_cost
+
 from . import h100_picks
 from .conftest import REPO
+from .helpers import synthetic_device
+from .tiled_helpers import pinned_library, uniform_stats
 
 FIXTURE = REPO / "tests" / "fixtures" / "h100_picks.jsonl.gz"
 
@@ -39,17 +49,6 @@ def test_whole_compiles_on_the_default_device_build_the_pinned_specs():
 
 
 # ---- rates files ---------------------------------------------------------------------------------
-
-import logging  # noqa: E402
-
-from sparsegen.errors import FormatError  # noqa: E402
-from sparsegen.families.base import Request  # noqa: E402
-from sparsegen.select import device as device_model  # noqa: E402
-from sparsegen.select import ratesfile, select_request, skinny_cost  # noqa: E402
-
-from .helpers import synthetic_device  # noqa: E402
-from .tiled_helpers import pinned_library, uniform_stats  # noqa: E402
-
 
 def shipped_doc() -> dict:
     return json.loads(ratesfile.DEFAULT_FILE.read_text())
