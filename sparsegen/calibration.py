@@ -290,26 +290,23 @@ def moved_bytes(m: int, k: int, n: int) -> float:
 
 def fit_rates(timed: list, copy_s: float, copy_bytes: int, base: Rates, props: dict, settings: Settings) -> Rates:
     """The rates file's values from what was measured; what was not keeps `base` (already scaled to
-    this GPU). `provenance` says, per group, which."""
+    this GPU). `provenance` says, per group, which. The tile rates are fitted with the groups
+    measured before them, the errors with everything."""
     by = {}
     for t in timed:
         by.setdefault(t.case.stage, []).append(t)
-    notes = {}
-    v = base.values
-    memory, launch, cublas = _fit_memory(by, copy_s, copy_bytes, v, notes), _fit_launch(by, v, notes), \
-        _fit_cublas(by, v, notes)
-    values = dataclasses.replace(v, memory=memory, launch=launch, cublas_fp16=cublas,
-                                 csr_fp16=_fit_csr(by, v, notes), fp32=_fit_fp32(by, v, notes))
-    provisional = base.replace(source="calibrating", **{f.name: getattr(values, f.name)
-                                                          for f in dataclasses.fields(values)})
-    tiles, tile_fits = _fit_tiles(by.get("tiles", []), provisional, props, settings.free)
-    notes["tiles"] = tile_fits or "not measured in this run"
-    values = dataclasses.replace(values, tiles=tiles)
-    provisional = base.replace(source="calibrating", tiles=tiles, **{
-        g: getattr(values, g) for g in ("memory", "launch", "cublas_fp16", "csr_fp16", "fp32")})
-    values = dataclasses.replace(values, errors=_fit_errors(by, provisional, props, notes))
+    notes, v = {}, base.values
+    values = dataclasses.replace(v, memory=_fit_memory(by, copy_s, copy_bytes, v, notes), launch=_fit_launch(by, v, notes),
+                                 cublas_fp16=_fit_cublas(by, v, notes), csr_fp16=_fit_csr(by, v, notes),
+                                 fp32=_fit_fp32(by, v, notes))
+    values = dataclasses.replace(values, tiles=_fit_tiles(by, _draft(base, values), props, settings.free, notes))
+    values = dataclasses.replace(values, errors=_fit_errors(by, _draft(base, values), props, notes))
     return Rates(values, _device_section(props), _measured(props, settings), _provenance(notes, base, timed),
                  "calibrated")
+
+
+def _draft(base: Rates, values) -> Rates:
+    return Rates(values, base.device, base.measured, base.provenance, "calibrating")
 
 
 def _with_device(t: Timed, rates: Rates, props: dict):
@@ -390,17 +387,19 @@ def _fit_fp32(by, v, notes):
     return dataclasses.replace(f, **lines)
 
 
-def _fit_tiles(rows, rates: Rates, props: dict, free):
+def _fit_tiles(by, rates: Rates, props: dict, free, notes):
     tiles, said = rates.tiles, []
     for key in TILE_KEYS:
-        mine = [fit.Row(t.stats, _with_device(t, rates, props), t.spec, t.seconds) for t in rows if t.case.key == key]
+        mine = [fit.Row(t.stats, _with_device(t, rates, props), t.spec, t.seconds)
+                for t in by.get("tiles", []) if t.case.key == key]
         if not mine:
             continue
         how = free if free == "scale" or len(mine) >= 2 * len(free) else "scale"
         result = fit.fit_tile_rates(mine, tiles.of(key), how)
         tiles = dataclasses.replace(tiles, **{key.replace(".", "_"): result.rates})
         said.append(f"{key}: {'one factor on the cycles' if how == 'scale' else 'every rate'} fitted, {result.text}")
-    return tiles, "; ".join(said)
+    notes["tiles"] = "; ".join(said) or "not measured in this run"
+    return tiles
 
 
 def _fit_errors(by, rates: Rates, props: dict, notes):
@@ -475,7 +474,11 @@ def calibrate(quick: bool = False, out=None, emit=print, probe=None) -> Path:
     path = Path(out) if out is not None else device_model.calibrated_path(props)
     ratesfile.write(rates, path)
     device_model.current.cache_clear()
-    emit(f"fit      {rates.provenance['tiles']['error']}")
+    c = rates.cublas_fp16
+    emit(f"fit      cuBLAS fp16 {c.fixed_s * 1e6:.2f} us + bytes at {c.bytes_per_s / 1e12:.2f} TB/s, "
+         f"{c.flops / 1e12:.0f} TFLOP/s; copy {rates.memory.copy_bytes_per_s / 1e12:.2f} TB/s")
+    for group in ("tiles", "errors"):
+        emit(f"fit      {group}: {rates.provenance[group]['error']}")
     emit(f"wrote    {path} ({time.monotonic() - start:.1f} s)")
     return path
 
