@@ -329,15 +329,16 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
     csr = as_csr(matrix)
     backend = _resolve_backend(backend)
     arch = _resolve_arch(arch, backend)
+    device = _resolve_device(device, backend)
     request = _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, options)
-    request = dataclasses.replace(request, device=_resolve_device(device, backend))
     if tune:
         from .tune import tuned
 
-        return tuned(csr, request, backend,
+        return tuned(csr, dataclasses.replace(request, device=device), backend,
                      lambda opts: compile(csr, op, n=n, k=k, dtype=dtype, bias=bias, relu=relu, cap=cap,
                                           bias_rule=bias_rule, options=opts, arch=arch, backend=backend,
-                                          reproduce=reproduce, device=request.device))
+                                          reproduce=reproduce, device=device))
+    request = dataclasses.replace(request, device=device)  # the GPU selection plans for
     bias_vec = _bias_vector(bias, csr.shape[0]) if op == "spmm" else None
     cache = Cache()
 
