@@ -1,21 +1,21 @@
-"""Refit the skinny cost model's tile rates (`skinny_cost.RATES`) to measured H100 times.
+"""Refit the skinny cost model's tile rates (a rates file's `tiles`) to measured times.
 
-    python benchmarks/fit_skinny_rates.py RESULTS [RESULTS ...] [--only-defaults]
+    python benchmarks/fit_skinny_rates.py RESULTS [RESULTS ...] [--only-defaults] [--only-n16]
 
 RESULTS: an `llm` benchmark document (llm.json: each case's forced-family times and specs) or a
 `tiled_probe.py` table (tiled_probe.txt: every variant row with its spec). Every row gives a W shape,
-density, N, the spec that ran and its measured time; the model predicts that same spec's time
-(`skinny_cost.tiled_seconds` with the spec's tile height, split-K and reduction forced) for a
-uniform pattern of that density. The three rates, the fixed time (us), the wide-block factor and
-the 16-column factor per family minimise the squared error of log time
-(Nelder-Mead from the current rates), and the script prints the fit's median and worst error per
-family before and after. `--only-defaults` keeps the probe's default rows and the rows whose spec
-the chooser would build now (the fit should serve the specs that are selected). `--only-n16` fits
-the 16-column factor alone, every other rate kept.
+density, N, the spec that ran and its measured time; the model predicts that same spec (built with
+the spec's tile height, split-K and reduction forced) for a uniform pattern of that density. The fit
+itself is the product's (`sparsegen.select.fit.fit_tile_rates`, what `sparsegen calibrate` runs):
+the rates of each family minimising the squared error of log time, from the default rates; the
+script prints the median and worst error per family before and after. `--only-defaults` keeps the
+probe's default rows and the rows whose spec the chooser would build now (the fit should serve the
+specs that are selected). `--only-n16` fits the 16-column factor alone, every other rate kept.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -26,12 +26,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from scipy.optimize import minimize  # noqa: E402
-
-from sparsegen.families import skinny_cost  # noqa: E402
 from sparsegen.families.base import Request  # noqa: E402
+from sparsegen.select import fit, skinny_cost  # noqa: E402
+from sparsegen.select.device import default as default_device  # noqa: E402
 from tests.tiled_helpers import uniform_stats  # noqa: E402
 
+DEVICE = [default_device()]  # the device the predictions are made for (main() may change its wave rates)
 SPEC = re.compile(r"\.m(\d+)k(\d+)n(\d+)\.t(\d+)x64\.bn\d+\.(?:sk(\d+)([acr]?)|stream\d+)")
 GRANULE = re.compile(r"\.g(\d+)(\.|$)")
 REDUCTION = {"": "none", "a": "atomic", "c": "cluster", "r": "two_step"}
@@ -57,7 +57,7 @@ def spec_options(spec: str) -> dict:
 
 
 def rates_key(fam: str, spec: str) -> str:
-    """The skinny_cost.RATES entry a measured spec calibrates."""
+    """The tile rates' key a measured spec calibrates."""
     g = GRANULE.search(spec)
     return fam + (".g2" if fam == "tiled_bitmap_spmm" and g and g.group(1) == "2" else "")
 
@@ -95,26 +95,24 @@ def rows_from_probe(path: str, only_defaults: bool) -> list:
 
 def matches_chooser(fam: str, m: int, k: int, density: float, n: int, spec: str) -> bool:
     stats, _ = case(m, k, density, n, spec)
-    chosen, _ = skinny_cost.tiled_family(fam.split(".")[0]).choose(stats, Request("spmm", n=n, dtype="float16"))
+    chosen, _ = skinny_cost.build(stats, Request("spmm", n=n, dtype="float16", device=DEVICE[0]), fam.split(".")[0])
     return spec_options(chosen.name) == spec_options(spec)
 
 
 @functools.cache
 def case(m: int, k: int, density: float, n: int, spec: str):
-    """(stats, request) of a row: built once, then reused by every evaluation of the fit."""
-    request = Request("spmm", n=n, dtype="float16", options=tuple(sorted(spec_options(spec).items())))
+    """(stats, request) of a row: built once."""
+    request = Request("spmm", n=n, dtype="float16", options=tuple(sorted(spec_options(spec).items())),
+                      device=DEVICE[0])
     return uniform_stats(m, k, density), request
 
 
-def predict(row, rates) -> float:
-    fam, m, k, density, n, spec, _ = row
+def fit_row(row) -> fit.Row:
+    """The product fit's row: the spec the chooser builds with the measured spec's options forced."""
+    fam, m, k, density, n, spec, seconds = row
     stats, request = case(m, k, density, n, spec)
-    return skinny_cost.tiled_seconds(stats, request, fam.split(".")[0],
-                                     skinny_cost.TileRates(*rates[:3], rates[3] * 1e-6, *rates[4:6]))
-
-
-def errors(rows, rates) -> np.ndarray:
-    return np.array([predict(r, rates) / r[-1] - 1 for r in rows])
+    built, _ = skinny_cost.build(stats, request, fam.split(".")[0])
+    return fit.Row(stats, request, built, seconds)
 
 
 def main() -> int:
@@ -122,50 +120,34 @@ def main() -> int:
     ap.add_argument("results", nargs="+")
     ap.add_argument("--only-defaults", action="store_true")
     ap.add_argument("--only-n16", action="store_true", help="fit the 16-column factor alone")
-    ap.add_argument("--occupancy-h", type=float, default=None, help="try another _tiled.OCCUPANCY_H")
-    ap.add_argument("--wide-two-step-scale", type=float, default=None, help="try another _tiled.WIDE_TWO_STEP_SCALE")
+    ap.add_argument("--occupancy-h", type=float, default=None, help="try another tiles.occupancy_h")
+    ap.add_argument("--wide-two-step-scale", type=float, default=None, help="try another tiles.wide_two_step_scale")
     args = ap.parse_args()
-    from sparsegen.families import _tiled
-
-    if args.occupancy_h is not None:
-        _tiled.OCCUPANCY_H = args.occupancy_h
-    if args.wide_two_step_scale is not None:
-        _tiled.WIDE_TWO_STEP_SCALE = args.wide_two_step_scale
-    total = 0.0
+    device = default_device()
+    tiles = device.rates.tiles
+    tiles = dataclasses.replace(tiles, occupancy_h=tiles.occupancy_h if args.occupancy_h is None else args.occupancy_h,
+                                wide_two_step_scale=(tiles.wide_two_step_scale if args.wide_two_step_scale is None
+                                                     else args.wide_two_step_scale))
+    DEVICE[0] = device.with_rates(device.rates.replace(tiles=tiles))
     rows = []
     for path in args.results:
         rows += rows_from_llm(path) if path.endswith(".json") else rows_from_probe(path, args.only_defaults)
-    for fam, old in skinny_cost.RATES.items():
-        mine = [r for r in rows if r[0] == fam]
+    total = 0.0
+    for fam in ("tiled_csl_spmm", "tiled_bitmap_spmm", "tiled_bitmap_spmm.g2"):
+        mine = [fit_row(r) for r in rows if r[0] == fam]
         if not mine:
             continue
-        x0 = np.array([old.base, old.per_column, old.per_nonzero, max(old.fixed_s, 1e-6) * 1e6, old.wide, old.n16])
-        free = [5] if args.only_n16 else list(range(6))
-
-        def full(v):
-            x = x0.copy()
-            x[free] = v
-            return x
-
-        def loss(v):
-            x = full(v)
-            if (x < 0).any():
-                return 1e9
-            pred = np.array([predict(r, x) for r in mine])
-            return float(np.sum(np.log(pred / np.array([r[-1] for r in mine])) ** 2))
-
-        fit = minimize(loss, x0[free], method="Nelder-Mead", options={"xatol": 1e-3, "fatol": 1e-6, "maxiter": 1500})
-        fit.x = full(fit.x)
-        total += fit.fun
-        before, after = np.abs(errors(mine, x0)), np.abs(errors(mine, fit.x))
-        print(f"{fam}: {len(mine)} rows; old {tuple(round(v, 3) for v in x0)} median {np.median(before):.1%} "
-              f"max {before.max():.1%}; fitted {tuple(round(float(v), 3) for v in fit.x)} median "
-              f"{np.median(after):.1%} max {after.max():.1%}")
-        worst = np.argsort(-after)[:5]
-        for i in worst:
-            r = mine[i]
-            print(f"   worst: {r[1]}x{r[2]} d={r[3]:.2f} N={r[4]} {r[5].split('.', 1)[1][:60]} "
-                  f"measured {r[-1] * 1e6:.1f} us, error {errors([r], fit.x)[0]:+.0%}")
+        old = DEVICE[0].rates.tiles.of(fam)
+        before = fit.quality(mine, old)
+        after = fit.fit_tile_rates(mine, old, ("n16",) if args.only_n16 else fit.TILE_FIELDS)
+        total += float(np.sum(np.log(fit.predict(mine, after.rates) / np.array([r.seconds for r in mine])) ** 2))
+        print(f"{fam}: {len(mine)} rows; old {old} median {before.median_error:.1%} max {before.max_error:.1%}; "
+              f"fitted {after.rates} median {after.median_error:.1%} max {after.max_error:.1%}")
+        errors = fit.predict(mine, after.rates) / np.array([r.seconds for r in mine]) - 1
+        for i in np.argsort(-np.abs(errors))[:5]:
+            r, spec = mine[i], [row for row in rows if row[0] == fam][i]
+            print(f"   worst: {spec[1]}x{spec[2]} d={spec[3]:.2f} N={spec[4]} {spec[5].split('.', 1)[1][:60]} "
+                  f"measured {r.seconds * 1e6:.1f} us, error {errors[i]:+.0%}")
     print(f"total squared log error {total:.4f}")
     return 0
 

@@ -4,9 +4,9 @@
 
 Per OPT case, a kernel that moves the fewer bytes of the two encodings (bitmap: 1/8 byte per element
 + 2 per nonzero; Tiled-CSL: 4 per nonzero) plus X and Y at cuBLAS's own fitted rate (3.69 us + bytes
-at 2.724 TB/s: skinny_cost.DENSE_FIXED_S / DENSE_BYTES_PER_S), and does the dense-equivalent tensor
+at 2.724 TB/s: the default rates' cublas_fp16.fixed_s / bytes_per_s), and does the dense-equivalent tensor
 math (2 M K N, as both tile families do) at cuBLAS fp16's best measured rate (450 TFLOP/s:
-skinny_cost.DENSE_FLOPS), whichever is slower. The measured cuBLAS time over that bound is the
+cublas_fp16.flops), whichever is slower. The measured cuBLAS time over that bound is the
 ceiling; the table sets each sparsity's ceiling (geomean over the OPT shapes) beside the selected
 kernel's measured speedup. No GPU: it reads the suite's JSON.
 """
@@ -20,7 +20,10 @@ from collections import defaultdict
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from sparsegen.bench.report import geomean  # noqa: E402
-from sparsegen.families.skinny_cost import DENSE_BYTES_PER_S, DENSE_FIXED_S, DENSE_FLOPS  # noqa: E402
+from sparsegen.select.ratesfile import default as default_rates  # noqa: E402
+
+_CUBLAS = default_rates().cublas_fp16
+DENSE_FIXED_S, DENSE_BYTES_PER_S, DENSE_FLOPS = _CUBLAS.fixed_s, _CUBLAS.bytes_per_s, _CUBLAS.flops
 
 DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "h100-80gb-hbm3", "llm", "llm.json")
 

@@ -55,6 +55,8 @@ from sparsegen.families import tiled_bitmap_spmm as BM  # noqa: E402
 from sparsegen.families import tiled_csl_spmm as CSL  # noqa: E402
 from sparsegen.families.base import Request  # noqa: E402
 from sparsegen.render import Provenance, render  # noqa: E402
+from sparsegen.select import skinny_cost  # noqa: E402
+from sparsegen.select.device import default as default_device  # noqa: E402
 
 ARCH = "sm_90"
 SHAPES = [(7168, 7168), (28672, 7168)]
@@ -162,7 +164,7 @@ def reduction_grid(fam_name: str, stats, n: int) -> list[tuple[str, dict]]:
     """`--sweep reduction`: the default, and where it splits K, the same split reduced by fp32 atomics,
     by a second launch and by a thread block cluster (at most 8 blocks)."""
     out = [(fam_name, {})]
-    base, _ = FAMILIES[fam_name].choose(stats, Request("spmm", n=n, dtype="float16", arch=ARCH))
+    base, _ = choose(FAMILIES[fam_name], stats, Request("spmm", n=n, dtype="float16", arch=ARCH))
     if base.split_k > 1:
         for how in ("atomic", "two_step", "cluster"):
             if base.reduction != how and (how != "cluster" or base.split_k <= T.MAX_CLUSTER):
@@ -185,7 +187,7 @@ def granule_grid(fam_name: str, stats, n: int, full: bool) -> list[tuple[str, di
     granule=2); with --granule-knobs, that spec's tile heights, residency and ring depth too."""
     out = encodings(fam_name)
     if full and fam_name != "csl":
-        base, _ = BM.choose(stats, Request("spmm", n=n, dtype="float16", arch=ARCH, options=(("granule", 2),)))
+        base, _ = choose(BM, stats, Request("spmm", n=n, dtype="float16", arch=ARCH, options=(("granule", 2),)))
         for h in (64, 128, 256):
             if h != base.tile_m and T.accumulators(h, T.block_n(n)) <= T.MAX_ACCUMULATORS:
                 out.append((f"bitmap.g2.t{h}", {"granule": 2, "tile_m": h}))
@@ -207,8 +209,8 @@ def blocks_variants(fam_name: str, stats, n: int) -> list[tuple[str, dict]]:
     out = []
     for label, options in encodings(fam_name):
         out.append((label, options))
-        spec, _ = FAMILIES[fam_name].choose(stats, request_for(n, options))
-        if spec.min_blocks + 1 <= T.MAX_BLOCKS_PER_SM:
+        spec, _ = choose(FAMILIES[fam_name], stats, request_for(n, options))
+        if spec.min_blocks + 1 <= T.block_limit(T.THREADS, default_device()):
             out.append((f"{label}.mb{spec.min_blocks + 1}", {**options, "blocks": spec.min_blocks + 1}))
     return out
 
@@ -238,7 +240,7 @@ def variants(fam_name: str, stats, n: int, full: bool, sparsity: float | None = 
         out.append((f"{fam_name}.old", {"tile_m": tile_m, "split_k": split_k}
                     | ({"reduction": reduction} if split_k > 1 else {})))
     fam = FAMILIES[fam_name]
-    base, _ = fam.choose(stats, Request("spmm", n=n, dtype="float16", arch=ARCH))
+    base, _ = choose(fam, stats, Request("spmm", n=n, dtype="float16", arch=ARCH))
     if base.split_k > 1:
         out.append((f"{fam_name}.atomic", {"split_k": base.split_k, "reduction": "atomic"}))
     if stats.shape[0] <= 8192:  # other tile heights on the smaller W only (their plans take encoding time)
@@ -266,8 +268,13 @@ def initial_spec(fam, stats, n: int, options: dict):
     declined = T.gate(stats, request)
     if declined is not None:
         raise RuntimeError(f"gate declines: {declined.reason}")
-    spec, reason = fam.choose(stats, request)
+    spec, reason = choose(fam, stats, request)
     return request, spec, reason
+
+
+def choose(fam, stats, request: Request):
+    """The spec selection builds for the family (the split weighed by the skinny cost model)."""
+    return skinny_cost.build(stats, request, fam.FAMILY)
 
 
 def plan_key(fam, spec) -> tuple:
@@ -289,9 +296,10 @@ def plan_bytes(plan) -> int:
 
 
 def occupancy(regs: int, smem: int, static: int) -> int:
-    by_regs = T.REGS_PER_SM // (T.THREADS * max(8, -(-regs // 8) * 8))
-    by_smem = T.SMEM_PER_SM // (smem + static + T.SMEM_PER_BLOCK_RESERVED)
-    return max(0, min(T.MAX_BLOCKS_PER_SM, by_regs, by_smem))
+    device = default_device()
+    by_regs = device.registers_per_sm // (T.THREADS * max(8, -(-regs // 8) * 8))
+    by_smem = device.shared_per_sm // (smem + static + T.SMEM_PER_BLOCK_RESERVED)
+    return max(0, min(T.block_limit(T.THREADS, device), by_regs, by_smem))
 
 
 def function_resources(kernel) -> tuple[int, int]:

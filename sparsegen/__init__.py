@@ -14,9 +14,10 @@ from .errors import (CompileError, FormatError, LaunchError, ShapeError,  # noqa
 
 from .analyze import MatrixStats, analyze  # noqa: E402  (function shadows the submodule on purpose)
 from .api import Kernel, compile  # noqa: E402,A004
+from .calibration import calibrate  # noqa: E402
 from .io import load  # noqa: E402
 from .select import select  # noqa: E402
 from .spdnn import Result, SparseDNN  # noqa: E402
 
-__all__ = ["compile", "load", "SparseDNN", "Result", "analyze", "select", "Kernel", "MatrixStats", "SparsegenError", "FormatError",
+__all__ = ["compile", "calibrate", "load", "SparseDNN", "Result", "analyze", "select", "Kernel", "MatrixStats", "SparsegenError", "FormatError",
            "CompileError", "UnsupportedError", "LaunchError", "ShapeError", "__version__"]

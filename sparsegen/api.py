@@ -104,6 +104,12 @@ class Kernel:
             self._device_arrays = runtime.upload(self.plan.arrays)
         return self._device_arrays
 
+    def steps(self) -> tuple:
+        """The launches one call makes, in stream order (`families.base.launch_steps`)."""
+        from .families.base import launch_steps
+
+        return launch_steps(self.family, self.spec, self.plan)
+
     def launcher(self):
         """The GPU launch set up once (function loaded, plan on the device, geometry)."""
         if self._launcher is None:
@@ -155,7 +161,7 @@ class Kernel:
     def describe(self) -> dict:
         return {
             "sparsegen": __version__,
-            "request": vars(self.request),
+            "request": {**vars(self.request), "device": self.request.device.describe()},
             "arch": self.arch,
             "structure_hash": self.structure_hash,
             "selection": self.selection.to_dict(),
@@ -209,6 +215,18 @@ def _resolve_backend(backend: str) -> str:
     warnings.warn("no CUDA GPU with PyCUDA here: sparsegen runs the kernel in its NumPy emulator "
                   "(backend='emulate')", RuntimeWarning, stacklevel=3)
     return "emulate"
+
+
+def _resolve_device(device, backend: str):
+    """The device selection plans for: as given, else the GPU in use (backend "gpu"), else the
+    default device (the emulator plans for the GPU the shipped default rates were measured on)."""
+    from .select.device import DeviceModel
+
+    if device is not None:
+        if not isinstance(device, DeviceModel):
+            raise SparsegenError(f"device: expected a sparsegen.select.DeviceModel, got {type(device).__name__}")
+        return device
+    return DeviceModel.current() if backend == "gpu" else DeviceModel.default()
 
 
 def _resolve_arch(arch: str | None, backend: str) -> str:
@@ -284,7 +302,7 @@ def _positive_int(v) -> bool:
 def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = None,  # noqa: A001
             dtype: str = "float32", bias=None, relu: bool = False, cap: float | None = None,
             bias_rule: str = "nonzero", options: dict | None = None, arch: str | None = None,
-            backend: str = "auto", tune: bool = False, reproduce: str = "", **load_options) -> Kernel:
+            backend: str = "auto", tune: bool = False, reproduce: str = "", device=None, **load_options) -> Kernel:
     """Compile a kernel specialised for `matrix` (scipy sparse, dense 2-D array, or a file path).
 
     op="spmm" computes Y = A·X (+ bias per row, then ReLU when asked) for X of shape (A.cols, n).
@@ -298,6 +316,8 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
     tune=True (GPU only): compile every family that accepts the request, time each once on the GPU
     with random operands, and return the fastest; the winner is cached by structure and request,
     so later calls with tune=True compile only it. `kernel.tuning` lists the times.
+    device: the `DeviceModel` selection plans for (default: the GPU in use for backend "gpu", else
+    the default device); its identity is part of the plan's cache key.
     """
     t0 = time.perf_counter()
     timings = Timings()
@@ -310,15 +330,17 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
     csr = as_csr(matrix)
     backend = _resolve_backend(backend)
     arch = _resolve_arch(arch, backend)
+    device = _resolve_device(device, backend)
     request = _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, options)
     _check_stored_values(csr, request, path)
     if tune:
         from .tune import tuned
 
-        return tuned(csr, request, backend,
+        return tuned(csr, dataclasses.replace(request, device=device), backend,
                      lambda opts: compile(csr, op, n=n, k=k, dtype=dtype, bias=bias, relu=relu, cap=cap,
                                           bias_rule=bias_rule, options=opts, arch=arch, backend=backend,
-                                          reproduce=reproduce))
+                                          reproduce=reproduce, device=device))
+    request = dataclasses.replace(request, device=device)  # the GPU selection plans for
     bias_vec = _bias_vector(bias, csr.shape[0]) if op == "spmm" else None
     cache = Cache()
 
@@ -326,7 +348,7 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
     structure, values = _hashes(csr)
     bias_bytes = bias_vec.tobytes() if bias_vec is not None else b""
     plan_key = key("plan", __version__, generator_fingerprint(), structure, values, bias_bytes,
-                   repr(sorted(vars(request).items())))
+                   repr(sorted(vars(request).items())), request.device.digest)  # selection reads the device
     timings.hash = time.perf_counter() - t
     kernel = _load_plan(cache, plan_key, request, backend, arch, structure, timings)
     if kernel is None:

@@ -104,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["info", "list", "clear"])
     p.set_defaults(func=cmd_cache)
 
+    p = sub.add_parser("calibrate", help="measure this GPU and write the rates its selection uses (needs a GPU, "
+                                         "PyTorch and nvcc; about 2 minutes)")
+    p.add_argument("--quick", action="store_true", help="fewer shapes, about 20 s")
+    p.add_argument("--out", metavar="PATH", help="write the rates file here (default: the cache, where "
+                                                 "selection on this GPU reads it)")
+    p.set_defaults(func=cmd_calibrate)
+
     p = sub.add_parser("bench", help="run a benchmark suite against cuSPARSE and cuBLAS (needs a GPU)")
     from . import bench
 
@@ -129,7 +136,22 @@ def _load(args):
     return load(args.file, **options)
 
 
+def inspect_device():
+    """The device `inspect` and `compile` select for: the GPU here, else the default device."""
+    from .select.device import DeviceModel
+
+    return DeviceModel.current() if _gpu_here() else DeviceModel.default()
+
+
+def _gpu_here() -> bool:
+    from . import runtime
+
+    return runtime.available()
+
+
 def _stats_and_selection(args):
+    import dataclasses
+
     from .analyze import analyze
     from .api import _request
     from .families.base import Request
@@ -139,6 +161,7 @@ def _stats_and_selection(args):
     _check_k(args)
     request = _request(args.op, _n(args), args.k, args.dtype, Request.arch, args.bias, args.relu, cap=None,
                        bias_rule="nonzero", options=None)
+    request = dataclasses.replace(request, device=inspect_device())
     csr = as_csr(_load(args))
     stats = analyze(csr)
     return csr, stats, request, select_request(stats, request)
@@ -167,15 +190,17 @@ def skinny_predictions(stats, request) -> tuple:
     """The cost model's predicted times behind an fp16/bf16 spmm selection, fastest first, else ()."""
     if request.op != "spmm" or request.dtype not in ("float16", "bfloat16"):
         return ()
-    from .families import skinny_cost
+    from .select import skinny_cost
 
     return skinny_cost.compare(stats, request).predictions
 
 
-def inspect_record(args, stats, selection, predicted=()) -> dict:
+def inspect_record(args, stats, selection, predicted=(), device=None) -> dict:
     d = stats.to_dict()
     record = {"file": str(args.file)}
     record.update(d)
+    if device is not None:
+        record["device"] = device.describe()
     record["request"] = {"op": args.op, "n": _n(args), "k": args.k,
                          "dtype": args.dtype, "bias": args.bias, "relu": args.relu}
     record["selection"] = {"family": selection.spec.family, "spec": selection.spec.name,
@@ -187,7 +212,7 @@ def inspect_record(args, stats, selection, predicted=()) -> dict:
     return record
 
 
-def format_stats(path, stats, selection, predicted=()) -> str:
+def format_stats(path, stats, selection, predicted=(), device=None) -> str:
     r, c = stats.row_lengths, stats.col_lengths
     pct = stats.row_length_percentiles
     fp = "; ".join(f"{f.block_rows} rows: mean {f.mean:.1f} max {f.max}" for f in stats.footprint)
@@ -203,11 +228,13 @@ def format_stats(path, stats, selection, predicted=()) -> str:
         f"tiles       {t.tile_rows}x{t.tile_cols}: {t.tiles} tiles, {t.nonempty} nonempty, max nnz {t.max_nnz}, "
         f"mean nnz {t.mean_nnz:.2f}, {100 * t.dense_share:.2f} % over half dense",
         f"structure   sha256:{stats.structure_hash}",
+        *([f"device      {device.text}{'' if _gpu_here() else '  (no GPU here: the default device)'}"]
+          if device is not None else []),
         f"selection   {selection.spec.name}  (rule {selection.rule})",
         f"reason      {selection.reason}",
     ]
     if predicted:
-        lines.append(f"predicted   {', '.join(p.text for p in predicted)}  (cost model: families/skinny_cost.py)")
+        lines.append(f"predicted   {', '.join(p.text for p in predicted)}  (cost model: select/skinny_cost.py)")
     for rule, ok, why in selection.tried:
         if rule != selection.rule:
             lines.append(f"  {'accepts' if ok else 'declines'} {rule}: {why}")
@@ -218,12 +245,12 @@ def cmd_inspect(args) -> int:
     csr, stats, request, selection = _stats_and_selection(args)
     predicted = skinny_predictions(stats, request)
     if args.json:
-        record = inspect_record(args, stats, selection, predicted)
+        record = inspect_record(args, stats, selection, predicted, request.device)
         if args.source:
             record["source"] = _source(selection, stats, args)
         print(json.dumps(record, indent=2))
     else:
-        print(format_stats(args.file, stats, selection, predicted))
+        print(format_stats(args.file, stats, selection, predicted, request.device))
         if args.source:
             print()
             print(_source(selection, stats, args))
@@ -252,7 +279,7 @@ def cmd_compile(args) -> int:
     _check_k(args)
     reproduce = f"sparsegen compile {args.file} {_request_flags(args)}"
     kernel = api.compile(_load(args), op=args.op, n=_n(args), k=args.k, dtype=args.dtype, bias=args.bias,
-                         relu=args.relu, arch=arch, backend="emulate", reproduce=reproduce)
+                         relu=args.relu, arch=arch, backend="emulate", reproduce=reproduce, device=inspect_device())
     written = kernel.dump(args.dump)
     print(f"{kernel.spec.name}  ({kernel.arch})")
     print(f"reason  {kernel.selection.reason}")
@@ -361,6 +388,13 @@ def format_spdnn(r: dict) -> str:
     if r["teraedges_per_s"]:
         lines.append(f"rate        {r['teraedges_per_s']:.2f} TeraEdges/s (inputs x edges / inference time)")
     return "\n".join(lines)
+
+
+def cmd_calibrate(args) -> int:
+    from .calibration import calibrate
+
+    calibrate(quick=args.quick, out=args.out)
+    return 0
 
 
 def cmd_cache(args) -> int:

@@ -83,6 +83,35 @@ def device_name() -> str | None:
         return None
 
 
+# What `select.device.DeviceModel` reads, by PyCUDA's device_attribute names (clocks in kHz).
+DEVICE_ATTRIBUTES = {
+    "sm_count": "MULTIPROCESSOR_COUNT",
+    "clock_khz": "CLOCK_RATE",
+    "shared_per_sm": "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
+    "shared_per_block_optin": "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
+    "registers_per_sm": "MAX_REGISTERS_PER_MULTIPROCESSOR",
+    "l2_bytes": "L2_CACHE_SIZE",
+    "max_threads_per_sm": "MAX_THREADS_PER_MULTIPROCESSOR",
+    "memory_clock_khz": "MEMORY_CLOCK_RATE",
+    "bus_width_bits": "GLOBAL_MEMORY_BUS_WIDTH",
+}
+
+
+def device_properties() -> dict:
+    """What the GPU in use reports: DEVICE_ATTRIBUTES by key (None where this PyCUDA or driver
+    does not report one), its name, compute capability, total memory and the CUDA driver version."""
+    drv, dev = _driver(), device()
+    out = {}
+    for key, name in DEVICE_ATTRIBUTES.items():
+        try:
+            out[key] = int(dev.get_attribute(getattr(drv.device_attribute, name)))
+        except Exception:  # an attribute this PyCUDA build or driver lacks
+            out[key] = None
+    out.update(name=dev.name(), compute_capability=tuple(dev.compute_capability()),
+               total_memory=int(dev.total_memory()), driver=int(drv.get_driver_version()))
+    return out
+
+
 def ensure_context():
     """Make the device's primary context current in this thread (push it once per thread)."""
     drv = _driver()
@@ -215,16 +244,6 @@ def check_alignment(ptr: int, align: int, what: str):
 def arg_format(args) -> str:
     """PyCUDA's prepared-call format for a family's argument list: 32-bit ints, else pointers."""
     return "".join("i" if a.kind in ("int", "layer") else "P" for a in args)
-
-
-def steps(fam, spec, plan) -> tuple:
-    """The kernels one call launches, in stream order: the family's `steps(spec, plan)` when it
-    launches several (a hybrid's two parts, a split-K reduction), else its single kernel."""
-    if hasattr(fam, "steps"):
-        return tuple(fam.steps(spec, plan))
-    from .families.base import Step
-
-    return (Step(fam.KERNEL, tuple(fam.arguments(spec)), fam.launch(spec, plan)),)
 
 
 def scratch_buffers(all_steps, plan) -> dict:
@@ -429,9 +448,7 @@ class _PreparedGemm:
 
 
 def _prepare(kernel, step, device_plan, plan):
-    from .families.base import LibraryGemm
-
-    if isinstance(step, LibraryGemm):
+    if getattr(step, "library", None):  # a LibraryGemm: cuBLAS through the library it names
         return _PreparedGemm(step, device_plan)
     return _Prepared(kernel, step, device_plan, plan)
 
@@ -445,7 +462,7 @@ class Launcher:
         self.name = spec.name
         self.inputs, self.output = fam.operands(spec, plan)
         self.align = fam.alignment(spec)
-        all_steps = steps(fam, spec, plan)
+        all_steps = kernel.steps()
         self.scratch = scratch_buffers(all_steps, plan)
         device_plan = {**kernel.device_arrays(), **self.scratch}
         self.steps = [_prepare(kernel, step, device_plan, plan) for step in all_steps]

@@ -77,10 +77,10 @@ def torch_cuda(why: str):
 def without_tensor_cores(monkeypatch):
     """The fp32 cost model never picks dense_tile_spmm: for tests of the CSR families' and the SGEMM
     fallback's own rules on layers dense enough that the tensor-core kernel would take them."""
-    from sparsegen.families import dense_tile_spmm, fp32_cost
+    from sparsegen.select import policy
 
-    monkeypatch.setattr(fp32_cost, "TENSOR_MARGIN", float("inf"))
-    monkeypatch.setattr(dense_tile_spmm, "PANEL_NARROW_N", 0)  # nor where panel_spmm would serve n <= 128
+    with_rates(monkeypatch, "no tensor cores", fp32={"tensor_margin": 1e30})
+    monkeypatch.setattr(policy, "PANEL_NARROW_N", 0)  # nor where panel_spmm would serve n <= 128
 
 
 def elf_symbols(blob: bytes) -> set[str]:
@@ -101,3 +101,36 @@ def elf_symbols(blob: bytes) -> set[str]:
             start = strtab + struct.unpack_from("<I", blob, at)[0]
             names.add(blob[start:blob.index(b"\0", start)].decode())
     return names - {""}
+
+
+def synthetic_device(label: str = "synthetic", **changes):
+    """The default device with reported properties (sm_count=..., shared_per_sm=...) and rate groups
+    replaced; a rate group is given as a dict of its fields to change (fp32={"tensor_margin": 2.0})."""
+    import dataclasses
+
+    from sparsegen.select.device import default
+
+    base = default()
+    props = {k: v for k, v in changes.items() if not isinstance(v, dict)}
+    groups = {g: dataclasses.replace(getattr(base.rates.values, g), **v) for g, v in changes.items() if isinstance(v, dict)}
+    rates = base.rates.replace(source=f"{base.rates.label} ({label})", **groups) if groups else base.rates
+    return dataclasses.replace(base, rates=rates, **props)
+
+
+def with_rates(monkeypatch, label: str, **groups):
+    """Both the default device and the GPU in use (`DeviceModel.current`, for backend "gpu") with
+    rate groups changed, e.g. fp32={"tensor_margin": 2.0}."""
+    import dataclasses
+    import functools
+
+    from sparsegen.select import device as device_model
+
+    default, current = device_model.default, device_model.current
+
+    def changed(device):
+        values = {g: dataclasses.replace(getattr(device.rates.values, g), **v) for g, v in groups.items()}
+        return device.with_rates(device.rates.replace(source=f"{device.rates.label} ({label})", **values))
+
+    fixed = changed(default())
+    monkeypatch.setattr(device_model, "default", lambda: fixed)
+    monkeypatch.setattr(device_model, "current", functools.lru_cache(maxsize=1)(lambda: changed(current())))

@@ -61,10 +61,13 @@ def test_few_rows_narrow_the_column_tile_and_split_nonzeros():
     assert short.lanes_k <= 2
 
 
-def test_sm_count_follows_the_target_architecture():
-    a, _ = fam.choose(stats_with_rows(64, m=2048), Request("spmm", n=128, arch="sm_90"))
-    b, _ = fam.choose(stats_with_rows(64, m=2048), Request("spmm", n=128, arch="sm_75"))
-    assert a.tile_n <= b.tile_n
+def test_sm_count_follows_the_device_model():
+    from .helpers import synthetic_device
+
+    a, _ = fam.choose(stats_with_rows(64, m=2048), Request("spmm", n=128))
+    b, _ = fam.choose(stats_with_rows(64, m=2048), Request("spmm", n=128, device=synthetic_device(sm_count=40)))
+    assert a.tile_n < b.tile_n
+    assert fam.choose(stats_with_rows(64, m=2048), Request("spmm", n=128, arch="sm_75"))[0] == a  # not the target
 
 
 def test_wide_n_uses_whole_warp_across_columns():

@@ -19,8 +19,9 @@ from sparsegen.families import spec_from_dict
 from sparsegen.families.base import LibraryGemm, Request, Step
 from sparsegen.formats import dense as fmt
 from sparsegen.formats.halfbits import from_bits, round_to
+from sparsegen.select import rule_decision
 
-from .helpers import random_csr, reference, rel_error, term_error, without_tensor_cores
+from .helpers import random_csr, reference, rel_error, synthetic_device, term_error, without_tensor_cores
 from .tiled_helpers import TOL, host_x, pinned_library, rounded_half
 
 
@@ -159,18 +160,24 @@ def test_steps_are_the_library_gemm_then_the_epilogue():
     (Request("spmm", n=8, dtype="float16", options=(("out", "float32"),)), "input dtype"),
 ])
 def test_gate_declines_what_dense_cannot_serve(request_, needle):
-    d = fam.RULES[0].decide(analyze(random_csr(64, 64, 0.5, seed=6)), request_)
+    d = rule_decision(analyze(random_csr(64, 64, 0.5, seed=6)), request_, fam.FAMILY)
     assert not d.accepted and needle in d.reason
 
 
 def test_gate_declines_empty_and_huge_shapes():
-    empty = fam.RULES[0].decide(analyze(sp.csr_matrix((0, 5))), Request("spmm", n=4, dtype="float16"))
+    empty = rule_decision(analyze(sp.csr_matrix((0, 5))), Request("spmm", n=4, dtype="float16"), fam.FAMILY)
     assert not empty.accepted and "empty shape" in empty.reason
     stats = analyze(random_csr(64, 64, 0.5, seed=6))
     import dataclasses
 
     huge = dataclasses.replace(stats, shape=(200_000, 100_000))
     assert "GiB" in fam.gate(huge, Request("spmm", n=4, dtype="float16")).reason
+    # the limit is a share of the device's memory
+    small = synthetic_device(total_memory=8 << 30)
+    wide = dataclasses.replace(stats, shape=(60_000, 60_000))  # 7.2 GB as fp16
+    assert fam.gate(wide, Request("spmm", n=4, dtype="float16")) is None
+    assert "of the NVIDIA H100 80GB HBM3's memory" in fam.gate(wide, Request("spmm", n=4, dtype="float16",
+                                                                              device=small)).reason
 
 
 def test_forced_without_a_binding_still_emulates_and_says_gpu_calls_fail():
@@ -296,22 +303,25 @@ def test_float32_selection_takes_dense_only_where_predicted_much_faster(monkeypa
 
 
 def test_float32_dense_needs_the_margin_and_a_binding(monkeypatch):
-    from sparsegen.families import fp32_cost
+    from sparsegen.select import device, fp32_cost
 
-    assert fp32_cost.judge(analyze(random_csr(1024, 1024, 0.5, seed=20)), 256).pick == "tensor"  # 3xTF32 first
+    rates = device.default().rates
+    assert fp32_cost.judge(analyze(random_csr(1024, 1024, 0.5, seed=20)), 256, rates).pick == "tensor"  # 3xTF32 first
     without_tensor_cores(monkeypatch)
-    v = fp32_cost.judge(analyze(random_csr(1024, 1024, 0.5, seed=20)), 256)
-    assert v.dense and v.dense_s * fp32_cost.DENSE_MARGIN < v.sparse_s
-    near = fp32_cost.judge(analyze(random_csr(512, 512, 0.5, seed=22)), 256)  # dense ahead, by less than the margin
-    assert near.dense_s < near.sparse_s < near.dense_s * fp32_cost.DENSE_MARGIN and not near.dense
+    rates = device.default().rates
+    v = fp32_cost.judge(analyze(random_csr(1024, 1024, 0.5, seed=20)), 256, rates)
+    assert v.dense and v.dense_s * rates.fp32.sgemm_margin < v.sparse_s
+    near = fp32_cost.judge(analyze(random_csr(512, 512, 0.5, seed=22)), 256, rates)  # dense ahead, by less than the margin
+    assert near.dense_s < near.sparse_s < near.dense_s * rates.fp32.sgemm_margin and not near.dense
     assert select32(random_csr(1024, 1024, 0.5, seed=20), 256, library=None).spec.family != "dense_gemm"
 
 
 def test_float32_epilogue_costs_the_dense_path_a_pass_over_y():
-    from sparsegen.families import fp32_cost
+    from sparsegen.select import fp32_cost
+    from sparsegen.select.device import default
 
-    stats = analyze(random_csr(1024, 1024, 0.5, seed=20))
-    assert fp32_cost.judge(stats, 256, epilogue=True).dense_s > fp32_cost.judge(stats, 256).dense_s
+    stats, rates = analyze(random_csr(1024, 1024, 0.5, seed=20)), default().rates
+    assert fp32_cost.judge(stats, 256, rates, epilogue=True).dense_s > fp32_cost.judge(stats, 256, rates).dense_s
 
 
 def test_plan_cache_round_trip_keeps_the_spec():

@@ -11,19 +11,20 @@ import sparsegen
 from sparsegen import nvcc
 from sparsegen.analyze import analyze
 from sparsegen.families import dense_tile_spmm as fam
-from sparsegen.families import fp32_cost, spec_from_dict
+from sparsegen.families import spec_from_dict
 from sparsegen.families.base import Request
 from sparsegen.render import render
-from sparsegen.select import select
+from sparsegen.select import fp32_cost, rule_decision, select
+from sparsegen.select.device import default as default_device
 
-from .helpers import TOL, random_csr, reference, rel_error, term_error
+from .helpers import TOL, random_csr, reference, rel_error, term_error, without_tensor_cores
 
 FORCED = ("family", fam.FAMILY)
 
 
 def decide(a, n=128, dtype="float32", op="spmm", forced=True, **options):
     opts = dict(options, **({FORCED[0]: FORCED[1]} if forced else {}))
-    return fam._rule(analyze(a), Request(op, n=n, dtype=dtype, options=tuple(sorted(opts.items()))))
+    return rule_decision(analyze(a), Request(op, n=n, dtype=dtype, options=tuple(sorted(opts.items()))), fam.FAMILY)
 
 
 def spec_for(a, n=128, **options):
@@ -84,18 +85,23 @@ def test_grid_limits_decline_or_clamp():
 
 
 def test_cost_model_takes_tensor_cores_only_where_dense_and_ahead():
+    rates = default_device().rates
+
+    def judge(stats, n):
+        return fp32_cost.judge(stats, n, rates)
+
     half = analyze(random_csr(1024, 1024, 0.5, seed=20))
-    v = fp32_cost.judge(half, 256)
-    assert v.pick == "tensor" and v.tensor_s * fp32_cost.TENSOR_MARGIN < min(v.sparse_s, v.dense_s)
+    v = judge(half, 256)
+    assert v.pick == "tensor" and v.tensor_s * rates.fp32.tensor_margin < min(v.sparse_s, v.dense_s)
     sparse = analyze(random_csr(512, 2048, 0.05, seed=21))  # 95 %: the CSR kernels
-    assert fp32_cost.judge(sparse, 128).pick == "sparse"
+    assert judge(sparse, 128).pick == "sparse"
     tiny = analyze(random_csr(64, 64, 0.5, seed=22))  # a small layer: the CSR kernels' shorter launch
-    assert fp32_cost.judge(tiny, 8).pick == "sparse"
+    assert judge(tiny, 8).pick == "sparse"
     below = analyze(random_csr(8192, 8192, 0.14, seed=23))  # 3xTF32's slope crosses the CSR line's at 14.6 %
-    assert fp32_cost.judge(below, 128).pick == "sparse" and fp32_cost.judge(below, 128).tensor_mma == "3xTF32"
-    v = fp32_cost.judge(below, 1024)  # 3xFP16 (n >= 256, >= 1 GFLOP) crosses at 11.5 %
+    assert judge(below, 128).pick == "sparse" and judge(below, 128).tensor_mma == "3xTF32"
+    v = judge(below, 1024)  # 3xFP16 (n >= 256, >= 1 GFLOP) crosses at 11.5 %
     assert v.pick == "tensor" and v.tensor_mma == "3xFP16" and "3xFP16 tensor cores" in v.text
-    assert fp32_cost.judge(analyze(random_csr(8192, 8192, 0.10, seed=23)), 1024).pick == "sparse"
+    assert judge(analyze(random_csr(8192, 8192, 0.10, seed=23)), 1024).pick == "sparse"
 
 
 def test_default_selection_and_its_reason():
@@ -165,8 +171,7 @@ def test_taken_where_panel_spmm_would_serve_narrow_n(monkeypatch):
     assert sel.spec.family == fam.FAMILY and "where panel_spmm would serve n <= 128" in sel.reason
     assert any(r == "panel_spmm" for r, _, _ in sel.candidates)
     assert select(analyze(random_csr(512, 4608, 0.1, seed=14)), op="spmm", n=32).spec.family == "sputnik_spmm"
-    monkeypatch.setattr(fam, "PANEL_NARROW_N", 0)
-    monkeypatch.setattr(fp32_cost, "TENSOR_MARGIN", float("inf"))
+    without_tensor_cores(monkeypatch)
     assert select(layer, op="spmm", n=32).spec.family == "panel_spmm"
 
 

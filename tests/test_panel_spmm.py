@@ -14,6 +14,7 @@ from sparsegen.errors import UnsupportedError
 from sparsegen.families import panel_spmm as fam
 from sparsegen.formats import panel as fmt
 from sparsegen.select import select
+from sparsegen.select.device import default as default_device
 
 from .helpers import TOL, random_csr, reference, rel_error, rounded, without_tensor_cores
 
@@ -154,8 +155,9 @@ def test_every_code_shape_compiles_for_sm90(shape, epilogue):
 
 
 def test_k_splits_fill_one_wave_of_the_blocks_an_sm_holds():
-    assert fam.resident_blocks(81 * 1024) == 2 and fam.resident_blocks(73 * 1024) == 3
-    assert fam.resident_blocks(10 * 1024) == fam.REGISTER_BLOCKS
+    h100 = default_device()
+    assert fam.resident_blocks(81 * 1024, h100) == 2 and fam.resident_blocks(73 * 1024, h100) == 3
+    assert fam.resident_blocks(10 * 1024, h100) == fam.REGISTER_BLOCKS
     assert fam.choose_splits(72, 64, 2 * 132) == 4  # 256 blocks: no second, partial wave of 320
     assert fam.choose_splits(72, 64, 3 * 132) == 6
     assert fam.choose_splits(3, 64, 3 * 132) == 3  # at most one chunk a block

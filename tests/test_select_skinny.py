@@ -1,5 +1,5 @@
 """fp16/bf16 SpMM selection among tiled_bitmap_spmm, tiled_csl_spmm, dense_gemm and the CSR kernels:
-the skinny cost model against the H100 measurements in benchmarks/results/h100-80gb-hbm3/probes/,
+the skinny cost model against the H100 measurements in tests/fixtures/h100_tiled_probe_rows.txt,
 the decisions and reasons it gives the rules, and float32 selection left as it was."""
 from __future__ import annotations
 
@@ -14,19 +14,20 @@ import scipy.sparse as sp
 from sparsegen import tune
 from sparsegen.analyze import analyze
 from sparsegen.errors import UnsupportedError
-from sparsegen.families import RULES, _tiled, dense_gemm, skinny_cost
+from sparsegen.families import _tiled, dense_gemm
 from sparsegen.families.base import Request
-from sparsegen.select import select_request
+from sparsegen.select import skinny_cost
+from sparsegen.select.device import default as default_device
+from sparsegen.select.table import RULES, select_request
 
 from .conftest import REPO
 from .helpers import random_csr
 from .tiled_helpers import pinned_library, uniform_stats
 
-PROBES = REPO / "benchmarks" / "results" / "h100-80gb-hbm3" / "probes"
-# The probe rows the tile rates were fitted to (benchmarks/fit_skinny_rates.py, with the llm run's
-# forced-family rows): three OPT shapes, 70-90 %, N 8-64, each family's default spec and bitmap in
-# both encodings, beside cuBLAS (the A/B run's `.base` rows, the templates before, are left out).
-MEASURED = (PROBES / "tiled_probe_issue_ab.txt",)
+# The probe rows the tile rates were fitted to (with the llm run's forced-family rows): three OPT
+# shapes, 70-90 %, N 8-64, each family's default spec and bitmap in both encodings, beside cuBLAS.
+MEASURED = (REPO / "tests" / "fixtures" / "h100_tiled_probe_rows.txt",)
+H100 = default_device()
 SKINNY = ("tiled_bitmap_spmm", "tiled_csl_spmm", "dense_gemm")
 VARIANTS = {"cuBLAS": "dense_gemm", "csl": "tiled_csl_spmm", "bitmap": "tiled_bitmap_spmm",
             "bitmap.g2": "tiled_bitmap_spmm.g2"}
@@ -123,23 +124,24 @@ def test_sixteen_column_blocks_take_their_own_factor_and_ninety_percent_goes_to_
     ninety = uniform_stats(12288, 49152, 0.1)
     spec = select_request(ninety, request(16)).spec
     assert spec.family == "tiled_bitmap_spmm" and spec.granule == 2
-    rates = skinny_cost.RATES["tiled_bitmap_spmm.g2"]
+    rates = H100.rates.tiles.of("tiled_bitmap_spmm.g2")
     plain = dataclasses.replace(rates, n16=1.0)
     for bn in (8, 16, 32, 64):
-        ratio = (skinny_cost.kernel_cycles(ninety, "tiled_bitmap_spmm", 2, bn, 1, 132, rates)
-                 / skinny_cost.kernel_cycles(ninety, "tiled_bitmap_spmm", 2, bn, 1, 132, plain))
+        ratio = (skinny_cost.kernel_cycles(ninety, "tiled_bitmap_spmm", 2, bn, 1, H100, rates)
+                 / skinny_cost.kernel_cycles(ninety, "tiled_bitmap_spmm", 2, bn, 1, H100, plain))
         assert ratio == pytest.approx(rates.n16 if bn == 16 else 1.0)
     assert rates.n16 < 1.0
 
 
 def test_dense_prediction_is_bytes_over_the_achieved_bandwidth_or_math():
-    bytes_bound = skinny_cost.dense_seconds(7168, 7168, 16)
-    assert bytes_bound == pytest.approx(skinny_cost.DENSE_FIXED_S
-                                        + 2 * (7168 * 7168 + 2 * 7168 * 16) / skinny_cost.DENSE_BYTES_PER_S)
-    wide = skinny_cost.dense_seconds(8192, 8192, 1024)  # 137 GFLOP: tensor-core math binds
-    assert wide == pytest.approx(2 * 8192 * 8192 * 1024 / skinny_cost.DENSE_FLOPS)
-    assert skinny_cost.dense_seconds(64, 64, 8) == skinny_cost.DENSE_FLOOR_S
-    assert skinny_cost.dense_seconds(7168, 7168, 16, epilogue=True) > bytes_bound + skinny_cost.LAUNCH_S
+    rates = H100.rates
+    c = rates.cublas_fp16
+    bytes_bound = skinny_cost.dense_seconds(7168, 7168, 16, rates)
+    assert bytes_bound == pytest.approx(c.fixed_s + 2 * (7168 * 7168 + 2 * 7168 * 16) / c.bytes_per_s)
+    wide = skinny_cost.dense_seconds(8192, 8192, 1024, rates)  # 137 GFLOP: tensor-core math binds
+    assert wide == pytest.approx(2 * 8192 * 8192 * 1024 / c.flops)
+    assert skinny_cost.dense_seconds(64, 64, 8, rates) == c.floor_s
+    assert skinny_cost.dense_seconds(7168, 7168, 16, rates, epilogue=True) > bytes_bound + rates.launch.launch_s
 
 
 # ---- decisions and reasons -----------------------------------------------------------------------
@@ -282,24 +284,24 @@ def test_wide_blocks_reduce_split_k_by_a_second_launch():
     """bn = 64 splits K and reduces the partial sums by a second launch (measured faster than the
     cluster and than atomics on the OPT shapes); a reduction asked for in options is kept."""
     from sparsegen.families import _tiled as T
-    from sparsegen.families import tiled_bitmap_spmm, tiled_csl_spmm
     from sparsegen.families.base import Request
 
     req = Request("spmm", n=64, dtype="float16", arch="sm_90")
-    for fam in (tiled_csl_spmm, tiled_bitmap_spmm):
+    rates = req.device.rates
+    for fam in skinny_cost.TILE_FAMILIES:
         for m, k in ((7168, 28672), (12288, 12288)):
-            spec, why = fam.choose(uniform_stats(m, k, 0.1), req)
+            spec, why = skinny_cost.build(uniform_stats(m, k, 0.1), req, fam)
             assert spec.bn == 64 and spec.split_k > 1 and spec.reduction == "two_step", spec.name
             assert "a second launch measured faster" in why and ".sk%dr." % spec.split_k in spec.name
-            two_step = T.reduction_seconds(spec.split_k, m, 64)[1]
-            assert T.spec_reduction_seconds(spec) == pytest.approx(T.WIDE_TWO_STEP_SCALE * two_step)
+            two_step = T.reduction_seconds(spec.split_k, m, 64, rates)[1]
+            assert T.spec_reduction_seconds(spec, rates) == pytest.approx(rates.tiles.wide_two_step_scale * two_step)
         for how in ("cluster", "atomic"):
-            forced, _ = fam.choose(uniform_stats(7168, 28672, 0.1),
-                                   Request("spmm", n=64, dtype="float16", arch="sm_90", options=(("reduction", how),)))
+            forced, _ = skinny_cost.build(uniform_stats(7168, 28672, 0.1), Request(
+                "spmm", n=64, dtype="float16", arch="sm_90", options=(("reduction", how),)), fam)
             assert forced.reduction == how  # as asked
-        narrow, _ = fam.choose(uniform_stats(7168, 28672, 0.1), Request("spmm", n=32, dtype="float16", arch="sm_90"))
+        narrow, _ = skinny_cost.build(uniform_stats(7168, 28672, 0.1), Request("spmm", n=32, dtype="float16"), fam)
         assert narrow.bn == 32 and narrow.reduction == "stream"  # past one wave: stream-K (T.STREAM_BNS)
-        one_wave, _ = fam.choose(uniform_stats(1024, 28672, 0.1), Request("spmm", n=32, dtype="float16", arch="sm_90"))
+        one_wave, _ = skinny_cost.build(uniform_stats(1024, 28672, 0.1), Request("spmm", n=32, dtype="float16"), fam)
         assert one_wave.reduction == "atomic"  # narrow blocks within one wave keep their measured atomics
 
 

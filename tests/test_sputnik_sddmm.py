@@ -117,10 +117,13 @@ def test_small_matrices_get_small_blocks_large_ones_large_blocks():
     assert fam.spread(250, 132) == 250 / 132 / 2 and fam.spread(66, 132) == 0.5
 
 
-def test_sm_count_follows_the_target_architecture():
-    s90, _ = fam.choose(stats_of(512, 4608, 92), Request("sddmm", k=128, arch="sm_90"))
-    s75, _ = fam.choose(stats_of(512, 4608, 92), Request("sddmm", k=128, arch="sm_75"))
+def test_sm_count_follows_the_device_model():
+    from .helpers import synthetic_device
+
+    s90, _ = fam.choose(stats_of(512, 4608, 92), Request("sddmm", k=128))
+    s75, _ = fam.choose(stats_of(512, 4608, 92), Request("sddmm", k=128, device=synthetic_device(sm_count=40)))
     assert s75.tile >= s90.tile
+    assert fam.choose(stats_of(512, 4608, 92), Request("sddmm", k=128, arch="sm_75"))[0] == s90  # not the target
 
 
 def test_offsets_widen_when_col_times_k_overflows():

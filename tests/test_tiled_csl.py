@@ -20,9 +20,10 @@ from sparsegen.families import tiled_csl_spmm as fam
 from sparsegen.formats import halfbits
 from sparsegen.formats import tiled_csl as fmt
 from sparsegen.render import render
-from .tiled_helpers import select_tiled as select
+from sparsegen.select import rule_decision, skinny_cost
 
-from .helpers import random_csr, reference, rel_error
+from .helpers import random_csr, reference, rel_error, synthetic_device
+from .tiled_helpers import select_tiled as select
 from .tiled_helpers import TOL, a_fragment_positions, host_x, ldmatrix, rounded_half, uniform_stats
 
 
@@ -227,7 +228,9 @@ def test_emulator_rejects_wrong_host_dtypes():
 
 def test_rule_declines_what_tensor_core_tiles_cannot_do():
     s = analyze(random_csr(256, 256, 0.3, seed=9))
-    rule = fam.RULES[0].decide
+    def rule(stats, request):
+        return rule_decision(stats, request, fam.FAMILY)
+
     for request, needle in [(dict(op="sddmm", n=8, k=8), "not spmm"), (dict(n=8, dtype="float32"), "float16/bfloat16"),
                             (dict(n=8, dtype="float16", options=(("out", "bfloat16"),)), "options out")]:
         req = sparsegen.families.base.Request(**{"op": "spmm", **request})
@@ -275,7 +278,7 @@ def test_split_k_is_derived_from_shape_and_sm_count(m, k, n):
     """No split empty; enough blocks for the SMs when K allows; the reason says how. Past one wave
     at N <= 32, stream-K instead (T.STREAM_BNS), its grid every resident slot."""
     stats = uniform_stats(m, k, 0.2)
-    spec, reason = fam.choose(stats, sparsegen.families.base.Request("spmm", n=n, dtype="float16"))
+    spec, reason = skinny_cost.build(stats, sparsegen.families.base.Request("spmm", n=n, dtype="float16"), fam.FAMILY)
     if spec.reduction == "stream":
         assert n <= 32 and "past one wave" in reason and "stream-K" in reason
         assert spec.grid == min(132 * spec.min_blocks, spec.m_tiles * spec.k_tiles // 4)
@@ -287,7 +290,8 @@ def test_split_k_is_derived_from_shape_and_sm_count(m, k, n):
     if spec.k_tiles >= 4 * 8:
         assert blocks >= 132
     assert "blocks for 132 SMs" in reason
-    few = fam.choose(stats, sparsegen.families.base.Request("spmm", n=n, dtype="float16", arch="sm_75"))[0]
+    few = skinny_cost.build(stats, sparsegen.families.base.Request("spmm", n=n, dtype="float16",
+                                                                   device=synthetic_device(sm_count=40)), fam.FAMILY)[0]
     assert few.m_tiles * few.n_tiles * few.split_k <= blocks or few.tile_m < spec.tile_m
 
 
@@ -300,7 +304,7 @@ def chosen_spec(family, m, k, density, n, tile_m):
         tile_m = 128
     options = (("tile_m", tile_m),) if tile_m else ()
     request = Request("spmm", n=n, dtype="float16", options=options)
-    spec, _ = family.choose(uniform_stats(m, k, density), request)
+    spec, _ = skinny_cost.build(uniform_stats(m, k, density), request, family.FAMILY)
     return request, spec
 
 
@@ -421,7 +425,7 @@ def test_every_chosen_spec_fits_an_sm_with_the_residency_it_asks_for(m, k, densi
     spec = fam.finalize(spec, Plan("tiled_csl", {}, {"max_tile_vectors": vectors}), request)
     assert fam.MIN_STAGES <= spec.stages <= fam.MAX_STAGES and 1 <= spec.cap_vecs <= vectors
     assert spec.min_blocks >= 1
-    assert spec.shared_bytes + spec.static_bytes <= T.smem_budget(spec.min_blocks)
-    assert fam.registers(spec.tile_m, spec.bn) * T.THREADS * spec.min_blocks <= T.REGS_PER_SM
+    assert spec.shared_bytes + spec.static_bytes <= T.smem_budget(spec.min_blocks, request.device)
+    assert fam.registers(spec.tile_m, spec.bn) * T.THREADS * spec.min_blocks <= request.device.registers_per_sm
     if spec.reduction == "cluster":
         assert 2 <= spec.split_k <= T.MAX_CLUSTER

@@ -85,7 +85,8 @@ def test_stream_k_groups_declined():
 def test_stream_reduction_cost_counts_partial_pieces():
     kernel = stream_kernel("tiled_bitmap_spmm")
     spec = kernel.spec
-    assert T.spec_reduction_seconds(spec) == T.stream_reduction_seconds(spec) > 0
+    rates = kernel.request.device.rates
+    assert T.spec_reduction_seconds(spec, rates) == T.stream_reduction_seconds(spec, rates) > 0
 
 
 STREAM_CODE_SHAPES = [  # (family, m, k, density, n, dtype, options)

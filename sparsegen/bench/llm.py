@@ -580,6 +580,7 @@ class Job:
     arch: str | None
     cache_dir: str
     cubin: bool = True
+    device: object = None  # the measuring process's DeviceModel: selection plans for it here too
 
 
 @contextlib.contextmanager
@@ -632,7 +633,7 @@ def compile_case(A, case: Case, job: Job) -> dict:
     def one(name, options):
         try:
             k = sparsegen.compile(A, op="spmm", n=case.n, dtype=case.dtype, arch=job.arch,
-                                  backend="emulate", options=options)
+                                  backend="emulate", options=options, device=job.device)
             if job.cubin:
                 k.cubin  # noqa: B018 - compiles and caches it
             out["specs"][name] = k.spec.name
@@ -685,13 +686,14 @@ class Prefetcher:
     measuring process then compiles cold, and the run says so."""
 
     def __init__(self, cases, root, arch, workers: int, *, pool=None, memory=None, disk=None,
-                 job_fn=precompile, cubin=True):
+                 job_fn=precompile, cubin=True, device=None):
         self.root = Path(root)
         groups: dict = {}
         for case in cases:  # run order: a weight's cases are consecutive
             groups.setdefault(case_dir(self.root, case), []).append(case)
         self.queue = [tuple(g) for g in groups.values()]
         self.arch = arch
+        self.device = device
         self.workers = max(1, int(workers))
         self.memory = 0.6 * _available_memory() if memory is None else memory
         self.root.mkdir(parents=True, exist_ok=True)
@@ -724,7 +726,7 @@ class Prefetcher:
                 return
             self.queue.pop(0)
             folder = case_dir(self.root, cases[0])
-            job = Job(cases, self.arch, str(folder), self.cubin)
+            job = Job(cases, self.arch, str(folder), self.cubin, self.device)
             try:
                 self.jobs[folder] = (self.pool.submit(self.job_fn, job), cases, {c.key for c in cases})
             except Exception as exc:  # a broken pool refuses new work
@@ -871,6 +873,8 @@ def run(cfg, *, env: dict, executor=None, emit=print, checkpoint=None, clock=tim
             if executor is None:
                 executor = GpuExecutor(cusparse=bool(getattr(cfg, "cusparse", True)))
             doc["baselines"] = getattr(executor, "baselines", {})
+            if getattr(executor, "device_model", None) is not None:
+                doc["device_model"] = executor.device_model.describe()
             bw = executor.copy_bandwidth()
             doc["copy_bandwidth"] = bw.to_dict()
             doc.setdefault("copy_bandwidth_runs", []).append(bw.to_dict())
@@ -885,7 +889,8 @@ def run(cfg, *, env: dict, executor=None, emit=print, checkpoint=None, clock=tim
             if prefetch_factory is not None:
                 prefetch = prefetch_factory(pending_cases, root, getattr(executor, "arch", None))
             elif workers > 0 and own:
-                prefetch = Prefetcher(pending_cases, root, getattr(executor, "arch", None), workers)
+                prefetch = Prefetcher(pending_cases, root, getattr(executor, "arch", None), workers,
+                                      device=getattr(executor, "device_model", None))
         copy_bps = (doc.get("copy_bandwidth") or {}).get("bytes_per_s")
         for weight, cases in pending:
             if stop_now() or doc.get("aborted"):
@@ -977,6 +982,7 @@ class GpuExecutor:
         import sparsegen
         from sparsegen import runtime
         from sparsegen.bench.timing import time_cuda
+        from sparsegen.select.device import DeviceModel
 
         warnings.filterwarnings("ignore", message=".*[Ss]parse CSR tensor support is in beta.*")
         warnings.filterwarnings("ignore", message=".*[Ss]parse invariant checks are implicitly")
@@ -987,6 +993,7 @@ class GpuExecutor:
         self.device = torch.device("cuda", torch.cuda.current_device())
         torch.zeros(1, device=self.device)  # the primary context first, then sparsegen's runtime
         self.arch = runtime.current_arch()
+        self.device_model = DeviceModel.current()  # what selection plans for, here and in the workers
         self.baselines = {
             "cublas": "torch.matmul(dense W, X) (cuBLAS, tensor cores for float16/bfloat16)",
             "cusparse": ("torch.mm(torch.sparse_csr_tensor(int32 crow, int32 col, values), X)"
@@ -1111,7 +1118,7 @@ class _GpuWeight:
         t0 = time.perf_counter()
         try:
             kern = self.ex.sparsegen.compile(A, op="spmm", n=case.n, dtype=case.dtype, arch=self.ex.arch,
-                                             backend="gpu", options=options)
+                                             device=self.ex.device_model, backend="gpu", options=options)
         except UnsupportedError as exc:
             if name == "sparsegen":
                 rec["status"], rec["_final_status"] = "unsupported", True

@@ -1,4 +1,6 @@
-"""The kernel families, in selection order. Adding a family: import it here and append it."""
+"""The kernel families, in selection order. Adding a family: import it here and append it; its
+rules (or, for a family the cost models choose, its policy in `select/policy.py`) join the
+selection table in this order (`select/table.py`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,13 +13,12 @@ from . import tiled_bitmap_spmm, tiled_csl_spmm, dense_gemm
 from . import panel_spmm
 
 # Ordered: the first rule that accepts wins; specialised families go before the baseline.
-# fp16/bf16 spmm meets the skinny cost model first (skinny_cost.py): the two tensor-core tile
-# families and the dense cuBLAS fallback each accept only where predicted fastest, and all three
-# decline (float32 at once) so the CSR families after them choose as before.
+# fp16/bf16 spmm meets the skinny cost model first: the two tensor-core tile families and the dense
+# cuBLAS fallback each accept only where predicted fastest, and all three decline (float32 at once)
+# so the CSR families after them choose as before.
 ORDER = (spdnn_sliced_ell, tiled_bitmap_spmm, tiled_csl_spmm, dense_tile_spmm, dense_gemm, ell_coo_spmm, panel_spmm, sputnik_spmm,
          dense_tile_sddmm, sputnik_sddmm, csr_rowsplit)
 FAMILIES = {fam.FAMILY: fam for fam in ORDER}
-RULES = tuple(rule for fam in ORDER for rule in fam.RULES)
 
 
 def family_of(spec):

@@ -18,9 +18,10 @@ IN_FLIGHT_BYTES per SM moving, and enough blocks, evenly spread, to fill them. W
 bitmap blocks may take one block more than the register estimate allows (`options blocks=` asks
 for any residency): the split model (`wave_factor`) weighs the wave it saves.
 
-The skinny cost model (`skinny_cost.py`, fitted to H100 runs) prices a spec; here the split-K
-factor, tile height and residency are chosen from its kernel time (`modelled_split`,
-`wave_factor`), and every choice is stated in the selection's reason.
+The skinny cost model (`select/skinny_cost.py`) prices a spec and hands `choose` the kernel time
+with every SM busy; here the split-K factor, tile height and residency are chosen from it
+(`modelled_split`, `wave_factor`) and the request's device (SMs, shared memory, registers, and the
+rates of its reductions and waves), and every choice is stated in the selection's reason.
 """
 from __future__ import annotations
 
@@ -30,38 +31,29 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formats.tiling import TILE_K
-from .base import Arg, KernelSpec, Launch, Operand, Request, Step, decline, epilogue_suffix, sm_count, widest_vector
+from .base import Arg, KernelSpec, Launch, Operand, Request, Step, decline, epilogue_suffix, widest_vector
 
 WARPS = 4
 THREADS = WARPS * 32
 MAX_N = 256  # skinny products only: past this, W is re-read per 64-column tile and dense GEMM wins
-# Wider X is taken when W, densified in fp16, fits well inside L2 (50 MB on the H100): the column
-# tiles' re-reads of W then hit L2 (DLMC's weight layers are 0.5-9 MB).
-L2_RESIDENT_W_BYTES = 16 << 20
+# Wider X is taken when W, densified in fp16, fits well inside L2: at most L2_SHARE of it (16 MiB of
+# the H100's 50), so the column tiles' re-reads of W hit L2 (DLMC's weight layers are 0.5-9 MB).
+L2_SHARE = (8, 25)
 MAX_BN = 64  # columns per block: MF x NF x 4 fp32 accumulators per thread stay <= 64 (tile_m 128)
 MIN_DENSITY = 0.05  # below this, tile math on zeros costs more than CSR kernels' work on nonzeros
 DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 DTYPE_LONG = {v: k for k, v in DTYPE_SHORT.items()}
 REDUCTIONS = ("none", "atomic", "two_step", "cluster", "stream")
 
-# ---- H100 estimates (calibrate with `sparsegen bench llm`) ----------------------------------
-HBM_BYTES_PER_S = 3.0e12  # measured copy bandwidth 2.96 TB/s
-CLOCK_HZ = 1.755e9
-LAUNCH_S = 3e-6  # a dependent second launch on the same stream
-ATOMIC_BYTES_PER_S = 1.5e12  # fp32 reductions at L2, 8-byte red.v2 per pair of outputs
 MIN_K_TILES_PER_SPLIT = 4  # a block's pipeline prologue is amortised over at least this many tiles
-SMEM_PER_SM = 228 * 1024
 SMEM_PER_BLOCK_RESERVED = 1024  # the driver's per-block share of shared memory on sm_80+
 # Static shared memory the kernels declare beside the ring (flags, alignment: ptxas reported 128
 # bytes): kept out of the ring's budget, or a block sized to the 227 KB limit fails to launch.
 STATIC_SHARED_RESERVE = 256
-REGS_PER_SM = 65536
-MAX_BLOCKS_PER_SM = 16  # 64 warps per SM over 4-warp blocks
 # Split-K through a thread block cluster (sm_90): the split_k blocks of an output tile exchange their
 # partial sums in distributed shared memory. 8 is the portable cluster size; the cost is two cluster
-# barriers and split_k x tile remote reads per block (fractions of a microsecond).
+# barriers and split_k x tile remote reads per block (the rates' launch.cluster_s).
 MAX_CLUSTER = 8
-CLUSTER_S = 0.5e-6
 
 
 @dataclass(frozen=True)
@@ -234,7 +226,7 @@ def gate(stats, request: Request):
     if out not in (None, "float16", "bfloat16", "float32") or (out in ("float16", "bfloat16") and out != request.dtype):
         return decline(f"options out={out!r}: expected the input dtype or 'float32'")
     m, k = stats.shape
-    if request.n > MAX_N and 2 * m * k > L2_RESIDENT_W_BYTES:
+    if request.n > MAX_N and 2 * m * k > l2_resident_bytes(request.device):
         return decline(f"n={request.n} > {MAX_N} with W of {2 * m * k >> 20} MB as fp16 tiles: each 64-column "
                        f"tile re-reads W from memory; dense or CSR kernels suit wide X")
     if m == 0 or k == 0:
@@ -270,10 +262,10 @@ def gate(stats, request: Request):
             return decline(f"options reduction='stream' with n={request.n} over {request_bn(request)}-column "
                            f"blocks: stream-K walks one column tile")
     blocks = request.option("blocks")
-    if blocks is not None and not (isinstance(blocks, int) and not isinstance(blocks, bool)
-                                   and 1 <= blocks <= block_limit(32 * warps)):
+    limit = block_limit(32 * warps, request.device)
+    if blocks is not None and not (isinstance(blocks, int) and not isinstance(blocks, bool) and 1 <= blocks <= limit):
         return decline(f"options blocks={blocks!r}: expected resident blocks per SM, an integer from 1 to "
-                       f"{block_limit(32 * warps)} for {warps}-warp blocks")
+                       f"{limit} for {warps}-warp blocks")
     row_groups = warps // warp_k
     if request.option("tile_m") is not None and request.option("tile_m") < 16 * row_groups:
         return decline(f"options tile_m={request.option('tile_m')} with {warps} warps in {row_groups} row groups: "
@@ -328,15 +320,20 @@ def w_bytes(stats, tile_m: int, bytes_fn, empty_bytes: float) -> float:
 
 # ---- split-K ----------------------------------------------------------------------------------
 
-def block_limit(threads: int) -> int:
-    """Resident blocks of `threads` threads the SM's 64 warp slots allow."""
-    return MAX_BLOCKS_PER_SM * THREADS // threads
+def l2_resident_bytes(device) -> int:
+    """The most bytes of W that stay resident in the device's L2 across column tiles (L2_SHARE)."""
+    return device.l2_bytes * L2_SHARE[0] // L2_SHARE[1]
 
 
-def register_blocks(regs: int, warps: int = WARPS) -> int:
+def block_limit(threads: int, device) -> int:
+    """Resident blocks of `threads` threads the SM's thread slots allow."""
+    return device.max_threads_per_sm // threads
+
+
+def register_blocks(regs: int, device, warps: int = WARPS) -> int:
     """Resident blocks of `warps` warps whose `regs` registers per thread (allocated in units of 8)
     fit the SM's register file."""
-    return REGS_PER_SM // (32 * warps * (-(-regs // 8) * 8))
+    return device.registers_per_sm // (32 * warps * (-(-regs // 8) * 8))
 
 
 # Bytes in flight per SM the ring depth aims at (a ring slot's W data and X tile): an SM's share of
@@ -344,32 +341,33 @@ def register_blocks(regs: int, warps: int = WARPS) -> int:
 IN_FLIGHT_BYTES = 48 * 1024
 
 
-def smem_budget(blocks: int) -> int:
+def smem_budget(blocks: int, device) -> int:
     """Shared memory per block that leaves room for `blocks` resident blocks per SM."""
-    return SMEM_PER_SM // blocks - SMEM_PER_BLOCK_RESERVED - STATIC_SHARED_RESERVE
+    return device.shared_per_sm // blocks - SMEM_PER_BLOCK_RESERVED - STATIC_SHARED_RESERVE
 
 
 def ring_shape(fixed: int, per_stage: int, tile_bytes: float, regs: int, min_stages: int, max_stages: int,
                max_blocks: int, forced_stages: int | None = None, warps: int = WARPS,
-               forced_blocks: int | None = None) -> tuple[int, int]:
+               forced_blocks: int | None = None, *, device) -> tuple[int, int]:
     """(resident blocks per SM, ring depth) of a block with `fixed` + stages x `per_stage` bytes of
     shared memory and `regs` registers per thread, streaming `tile_bytes` per stage: the most blocks
     (at most `max_blocks`, as registers allow) whose ring keeps IN_FLIGHT_BYTES per SM moving with the
     fewest stages that fit; failing that, fewer blocks with the deepest ring that fits. Blocks have
     `warps` warps; registers are allocated in units of 8 per thread. `forced_blocks` (options blocks=,
     or a family's measured default) replaces the register estimate: __launch_bounds__ holds ptxas to
-    the registers that many blocks leave, and only shared memory may lower it."""
+    the registers that many blocks leave, and only shared memory may lower it. The SM is `device`'s."""
     threads = 32 * warps
-    reg_blocks = max(1, min(block_limit(threads), max_blocks, register_blocks(regs, warps)))
+    reg_blocks = max(1, min(block_limit(threads, device), max_blocks, register_blocks(regs, device, warps)))
     if forced_blocks is not None:
-        reg_blocks = max(1, min(block_limit(threads), forced_blocks))
+        reg_blocks = max(1, min(block_limit(threads, device), forced_blocks))
     for blocks in range(reg_blocks, 0, -1):
         need = -(-IN_FLIGHT_BYTES // max(1, int(blocks * tile_bytes))) + 1
         stages = forced_stages or min(max_stages, max(min_stages, need))
-        if fixed + stages * per_stage <= smem_budget(blocks) and (forced_stages or stages >= need or blocks == 1):
+        budget = smem_budget(blocks, device)
+        if fixed + stages * per_stage <= budget and (forced_stages or stages >= need or blocks == 1):
             return blocks, stages
         if forced_stages is None and blocks <= 2:  # keep two blocks if a deepest-fitting ring allows
-            deepest = min(max_stages, (smem_budget(blocks) - fixed) // max(per_stage, 1))
+            deepest = min(max_stages, (budget - fixed) // max(per_stage, 1))
             if deepest >= min_stages:
                 return blocks, deepest
     return 1, forced_stages or min_stages
@@ -384,62 +382,54 @@ class Split:
     blocks: int | None = None  # resident blocks per SM chosen above the family's estimate, else None
 
 
-# The wave model, for wide blocks (N = 64). A latency-bound SM holding k blocks runs them at a
-# throughput k / (k + OCCUPANCY_H), so a last partial wave of one block costs nearly what a full one
-# does; 64-row tiles run TALL_64_WIDE x slower than 128-row ones (each warp reuses an X fragment for
-# one m16 fragment instead of two; measured, not profiled); a second reduction launch costs
-# WIDE_TWO_STEP_SCALE x its two-step estimate. Fitted on the H100 with the skinny cost model's rates
-# (skinny_cost.RATES says on what): OCCUPANCY_H and WIDE_TWO_STEP_SCALE the best of a grid (h 0.3-1.5,
-# scale 0.25-2.0; total squared log error over the 900 rows 2.34 at 1.0 / 1.0, 2.42 at 1.0 / 0.75,
-# 2.80 at 0.65 / 0.75, 13.0 at 0.3 / 2.0; 1.94 once the cost model charges TALL_64_WIDE too);
-# TALL_64_WIDE from a first fit on the 72 rows of probes/tiled_probe_blocks2.txt (six of them 64-row
-# tiles: 7168 x 28672, 127 -> 173 us with register pairs at 70 %).
-OCCUPANCY_H = 1.0
+# The wave model, for wide blocks (N = 64): a latency-bound SM holding k blocks runs them at a
+# throughput k / (k + h), h the rates' tiles.occupancy_h, so a last partial wave of one block costs
+# nearly what a full one does; 64-row tiles run tiles.tall_64_wide x slower than 128-row ones (each
+# warp reuses an X fragment for one m16 fragment instead of two); a second reduction launch costs
+# tiles.wide_two_step_scale x its two-step estimate (fitted: docs/decisions/001-rates-files.md).
 REFERENCE_BLOCKS = 3  # the residency kernel_s is costed at (the skinny rates' kernels at N = 64)
-TALL_64_WIDE = 1.39
-WIDE_TWO_STEP_SCALE = 1.0
 
 
-def partial_wave_factor(grid: int, sms: int, resident: int) -> float:
+def partial_wave_factor(grid: int, sms: int, resident: int, h: float) -> float:
     """A grid short of one wave of `resident` blocks per SM, relative to the same work at full
     residency: its busiest SM runs ceil(grid / sms) blocks at the lower throughput of that many
-    (the wave model's k / (k + OCCUPANCY_H)). 1 from one full wave on (narrow blocks' rates were
-    fitted there)."""
+    (the wave model's k / (k + h)). 1 from one full wave on (narrow blocks' rates were fitted there)."""
     if grid >= sms * resident:
         return 1.0
     busiest = -(-grid // sms)
-    return (busiest + OCCUPANCY_H) * sms * resident / (grid * (resident + OCCUPANCY_H))
+    return (busiest + h) * sms * resident / (grid * (resident + h))
 
 
-def wave_factor(grid: int, sms: int, resident: int) -> float:
+def wave_factor(grid: int, sms: int, resident: int, h: float) -> float:
     """Time of `grid` blocks with `resident` per SM, relative to the same work spread evenly at
     REFERENCE_BLOCKS per SM: the busiest SM runs ceil(grid / sms) blocks in waves of `resident`, a
-    wave of k blocks taking (k + OCCUPANCY_H) block-times at the reference throughput."""
+    wave of k blocks taking (k + h) block-times at the reference throughput."""
     per_sm = -(-grid // sms)
     full, rest = divmod(per_sm, resident)
-    waves = full * (resident + OCCUPANCY_H) + (rest + OCCUPANCY_H if rest else 0.0)
-    return sms / grid * REFERENCE_BLOCKS / (REFERENCE_BLOCKS + OCCUPANCY_H) * waves
+    waves = full * (resident + h) + (rest + h if rest else 0.0)
+    return sms / grid * REFERENCE_BLOCKS / (REFERENCE_BLOCKS + h) * waves
 
 
-def reduction_seconds(split: int, m: int, n: int) -> tuple[float, float]:
+def reduction_seconds(split: int, m: int, n: int, rates) -> tuple[float, float]:
     """(atomic, two-step) predicted cost of reducing `split` partial sums of an M x N output."""
+    mem = rates.memory
     partial = 4.0 * split * m * n
-    atomic = partial / ATOMIC_BYTES_PER_S + 8.0 * m * n / HBM_BYTES_PER_S  # reds, then read and clear
-    two_step = LAUNCH_S + 2 * partial / HBM_BYTES_PER_S  # a launch, write and read the partials
+    atomic = partial / mem.atomic_bytes_per_s + 8.0 * m * n / mem.copy_bytes_per_s  # reds, then read and clear
+    two_step = rates.launch.launch_s + 2 * partial / mem.copy_bytes_per_s  # a launch, write and read the partials
     return atomic, two_step
 
 
-def stream_reduction_seconds(spec: TiledSpec) -> float:
+def stream_reduction_seconds(spec: TiledSpec, rates) -> float:
     """Stream-K's atomics: a block's range of tile products cuts at most two m-tiles short (more when
     its share is under an m-tile's k-tiles), each such piece reduced as a split-K partial sum."""
     pieces = spec.grid + min(spec.grid, spec.m_tiles)  # m-tiles fewer than blocks: each cut where it ends
     partial = 4.0 * pieces * spec.tile_m * spec.n
-    return partial / ATOMIC_BYTES_PER_S + 8.0 * spec.m * spec.n / HBM_BYTES_PER_S
+    return partial / rates.memory.atomic_bytes_per_s + 8.0 * spec.m * spec.n / rates.memory.copy_bytes_per_s
 
 
-def wide_two_step_seconds(split: int, m: int, n: int) -> float:
+def wide_two_step_seconds(split: int, m: int, n: int, rates) -> float:
     """What the wave model charges a second launch reducing `split` partial sums of wide blocks."""
-    return WIDE_TWO_STEP_SCALE * reduction_seconds(split, m, n)[1]
+    return rates.tiles.wide_two_step_scale * reduction_seconds(split, m, n, rates)[1]
 
 
 def wide_two_step(spec: TiledSpec) -> bool:
@@ -448,19 +438,19 @@ def wide_two_step(spec: TiledSpec) -> bool:
     return spec.reduction == "two_step" and spec.bn > NARROW_BN
 
 
-def spec_reduction_seconds(spec: TiledSpec) -> float:
+def spec_reduction_seconds(spec: TiledSpec, rates) -> float:
     """Predicted cost of the reduction `spec` makes (0 without split-K). Wide blocks reduced by a
-    second launch: WIDE_TWO_STEP_SCALE x the two-step estimate (its partial sums' writes are not
-    hidden behind the main loop)."""
+    second launch: tiles.wide_two_step_scale x the two-step estimate (its partial sums' writes are
+    not hidden behind the main loop)."""
     if spec.reduction == "stream":
-        return stream_reduction_seconds(spec)
+        return stream_reduction_seconds(spec, rates)
     if spec.split_k == 1 or spec.reduction == "none":
         return 0.0
     if wide_two_step(spec):
-        return wide_two_step_seconds(spec.split_k, spec.m, spec.n)
+        return wide_two_step_seconds(spec.split_k, spec.m, spec.n, rates)
     if spec.reduction == "cluster":
-        return CLUSTER_S
-    atomic, two_step = reduction_seconds(spec.split_k, spec.m, spec.n)
+        return rates.launch.cluster_s
+    atomic, two_step = reduction_seconds(spec.split_k, spec.m, spec.n, rates)
     return atomic if spec.reduction == "atomic" else two_step
 
 
@@ -470,13 +460,13 @@ def cluster_ok(request: Request) -> bool:
     return bool(digits) and int(digits) >= 90
 
 
-def split_reduction_seconds(split: int, m: int, n: int, cluster: bool) -> tuple[str, float]:
+def split_reduction_seconds(split: int, m: int, n: int, cluster: bool, rates) -> tuple[str, float]:
     """The cheapest way to reduce `split` partial sums, and its predicted cost."""
     if split == 1:
         return "none", 0.0
     if cluster and split <= MAX_CLUSTER:
-        return "cluster", CLUSTER_S
-    atomic, two_step = reduction_seconds(split, m, n)
+        return "cluster", rates.launch.cluster_s
+    atomic, two_step = reduction_seconds(split, m, n, rates)
     return ("atomic", atomic) if atomic <= two_step else ("two_step", two_step)
 
 
@@ -527,7 +517,7 @@ def choose_split(stats, request: Request, n: int, bn: int, resident: int, kernel
     forced = request.option("split_k") is not None or request.option("reduction") not in (None, "atomic")
     if bn > NARROW_BN or forced:
         return modelled_split(stats, request, n, bn, resident, kernel_s, heights, residencies)
-    sms = sm_count(request.arch)
+    sms = request.device.sm_count
     tile_m = request.option("tile_m") or next((h for h in usable_heights(heights, request)
                                      if h <= max(m, 64)), 16 * request_warps(request))
     k_tiles = -(-k // TILE_K)
@@ -546,7 +536,7 @@ def choose_split(stats, request: Request, n: int, bn: int, resident: int, kernel
            f"target {KT_PER_SPLIT_TARGET}) = {tiles * split} blocks for {sms} SMs x {resident} resident")
     if split == 1:
         return Split(tile_m, 1, "none", why)
-    atomic_s, two_step_s = reduction_seconds(split, m, n)
+    atomic_s, two_step_s = reduction_seconds(split, m, n, request.device.rates)
     if request.option("reduction") == "atomic" or atomic_s <= two_step_s:
         return Split(tile_m, split, "atomic", why + f"; reduce through in-kernel fp32 atomics, the last block of "
                                                      f"each tile finishes (~{atomic_s * 1e6:.1f} us; measured faster "
@@ -595,19 +585,19 @@ def modelled_split(stats, request: Request, n: int, bn: int, resident: int, kern
     """Wide blocks, or a split/reduction forced by options: the tile height, split S and residency r
     (of `residencies`, default just `resident`) minimising
 
-      kernel_s x `wave_factor`(B blocks, r) x (TALL_64_WIDE for 64-row tiles of wide blocks, else 1.05)
+      kernel_s x `wave_factor`(B blocks, r) x (tall_64_wide for 64-row tiles of wide blocks, else 1.05)
       + the reduction of S partial sums,
 
     with B = m_tiles x n_tiles x S and kernel_s the cost model's time with every SM busy. The
     reduction: for wide blocks (bn > NARROW_BN) a second, deterministic launch (WIDE_REDUCTION:
-    measured faster than the cluster and than atomics), charged WIDE_TWO_STEP_SCALE x its bytes; for
+    measured faster than the cluster and than atomics), charged wide_two_step_scale x its bytes; for
     narrow blocks (here only when options force a split), through a thread block cluster's shared
     memory for S <= 8 on sm_90 (no workspace, deterministic), else fp32 atomics into a self-cleaning
     workspace (the last block of each output tile finishes) or a second launch, whichever
     `reduction_seconds` predicts cheaper. A reduction asked for in options is kept. Every split keeps at least
-    MIN_K_TILES_PER_SPLIT k-tiles."""
+    MIN_K_TILES_PER_SPLIT k-tiles. The rates (tiles.*, the reductions') are the request's device's."""
     m, k = stats.shape
-    sms = sm_count(request.arch)
+    sms, rates = request.device.sm_count, request.device.rates
     n_tiles = -(-n // bn)
     k_tiles = -(-k // TILE_K)
     max_split = max(1, k_tiles // MIN_K_TILES_PER_SPLIT)
@@ -624,13 +614,13 @@ def modelled_split(stats, request: Request, n: int, bn: int, resident: int, kern
         if split == 1:
             return 0.0
         if wide:
-            return wide_two_step_seconds(split, m, n)
-        return split_reduction_seconds(split, m, n, cluster)[1]
+            return wide_two_step_seconds(split, m, n, rates)
+        return split_reduction_seconds(split, m, n, cluster, rates)[1]
 
     def predicted(tile_m: int, split: int, blocks: int) -> float:
         grid = -(-m // tile_m) * n_tiles * split
-        short = (TALL_64_WIDE if bn > NARROW_BN else 1.05) if tile_m == 64 else 1.0
-        return kernel_s * short * wave_factor(grid, sms, blocks) + reduction_s(split)
+        short = (rates.tiles.tall_64_wide if bn > NARROW_BN else 1.05) if tile_m == 64 else 1.0
+        return kernel_s * short * wave_factor(grid, sms, blocks, rates.tiles.occupancy_h) + reduction_s(split)
 
     candidates = [(h, s, r) for h in heights for s in splits for r in (residencies or (resident,))]
     tile_m, split, blocks = min(candidates, key=lambda c: (predicted(*c), c[1], -c[0], c[2]))
@@ -640,7 +630,7 @@ def modelled_split(stats, request: Request, n: int, bn: int, resident: int, kern
     more = blocks if blocks != resident else None
     why = (f"{tiles} output tiles x split-K {split} = {tiles * split} blocks for {sms} SMs x {blocks} resident"
            f"{' (split_k as asked)' if forced is not None else ''}"
-           f"{f' (one more than registers would allow unasked: ptxas is held to {REGS_PER_SM // (blocks * 32 * request_warps(request))})' if more else ''}"
+           f"{f' (one more than registers would allow unasked: ptxas is held to {request.device.registers_per_sm // (blocks * 32 * request_warps(request))})' if more else ''}"
            f"; predicted {best_s * 1e6:.1f} us")
     if split == 1:
         return Split(tile_m, 1, "none", why, more)
@@ -648,12 +638,12 @@ def modelled_split(stats, request: Request, n: int, bn: int, resident: int, kern
         reduction = WIDE_REDUCTION
         why += f"; {bn}-column blocks: a second launch measured faster than a cluster or atomics"
     else:
-        reduction, _ = split_reduction_seconds(split, m, n, cluster)
+        reduction, _ = split_reduction_seconds(split, m, n, cluster, rates)
     if forced_reduction not in (None, "none") and (forced_reduction != "cluster" or cluster_ok(request)):
         reduction = forced_reduction
     if reduction == "cluster" and split > MAX_CLUSTER:
-        reduction = min(("atomic", "two_step"), key=lambda r: reduction_seconds(split, m, n)[r == "two_step"])
-    atomic_s, two_step_s = reduction_seconds(split, m, n)
+        reduction = min(("atomic", "two_step"), key=lambda r: reduction_seconds(split, m, n, rates)[r == "two_step"])
+    atomic_s, two_step_s = reduction_seconds(split, m, n, rates)
     how = {"atomic": f"in-kernel fp32 atomics, the last block of each tile finishes (~{atomic_s * 1e6:.1f} us)",
            "two_step": f"a second, deterministic reduction launch (~{two_step_s * 1e6:.1f} us)",
            "cluster": f"a {split}-block thread block cluster's shared memory (deterministic, no workspace)"}[reduction]

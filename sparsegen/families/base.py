@@ -1,7 +1,8 @@
 """What every kernel family shares: the request, the spec base class, rules and launch geometry.
 
 A family is one kernel design. Its module under `sparsegen/families/` defines a frozen `Spec`
-dataclass (every template parameter), `RULES` (named selection rules), `FORMAT` (the module in
+dataclass (every template parameter), `RULES` (named selection rules; a family whose choice the cost
+models make offers `gate` and `choose` instead, and `select/policy.py` decides), `FORMAT` (the module in
 `sparsegen/formats/` that encodes and emulates its data layout), `KERNEL` (the `extern "C"` name),
 `ARGUMENTS` (the kernel's parameter list), `operands()` and `launch()`.
 
@@ -17,10 +18,12 @@ import functools
 import math
 import numbers
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
 from ..errors import UnsupportedError
+from ..select import device as device_model
+from ..select.device import DeviceModel
 
 DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 TEMPLATE_WORD = re.compile(r"[A-Za-z0-9_]*")  # what a string spec field may hold: it is pasted into source
@@ -38,6 +41,9 @@ class Request:
     bias: bool = False
     relu: bool = False
     options: tuple = ()  # family-specific (name, value) pairs, sorted: part of every cache key
+    # the GPU selection plans for: its SMs, shared memory and registers, and its cost models' rates
+    # (its repr, part of every cache key, names it and its rates by digest)
+    device: DeviceModel = field(default_factory=lambda: device_model.default())
 
     @property
     def short_dtype(self) -> str:
@@ -187,14 +193,12 @@ class LibraryGemm:
         return f"{self.library}.matmul"
 
 
-# Streaming multiprocessors of the reference part of each architecture. Selection must not need a
-# GPU (it runs in `sparsegen inspect` and in CI), so the count comes from the target, not a query.
-SM_COUNT = {"sm_70": 80, "sm_75": 40, "sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_90": 132, "sm_90a": 132,
-            "sm_100": 148, "sm_100a": 148, "sm_120": 170}
-
-
-def sm_count(arch: str) -> int:
-    return SM_COUNT.get(arch, 132)
+def launch_steps(fam, spec, plan) -> tuple:
+    """The launches one call makes, in stream order: the family's `steps(spec, plan)` when it
+    launches several (a hybrid's two parts, a split-K reduction), else its single kernel."""
+    if hasattr(fam, "steps"):
+        return tuple(fam.steps(spec, plan))
+    return (Step(fam.KERNEL, tuple(fam.arguments(spec)), fam.launch(spec, plan)),)
 
 
 VEC_BYTES_MAX = 16  # widest vector load: float4 / 8 halves
@@ -212,6 +216,11 @@ def widest_vector(n: int, itemsize: int) -> int:
 def epilogue_suffix(bias: bool, relu: bool) -> str:
     """The `.bias` / `.relu` part of a spec name."""
     return "".join(f".{e}" for e, on in (("bias", bias), ("relu", relu)) if on)
+
+
+def default_device() -> DeviceModel:
+    """The default device (`select.device.default`): where a family needs one without a request."""
+    return device_model.default()
 
 
 def long_dtype(short: str) -> str:

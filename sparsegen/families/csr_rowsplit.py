@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from ..formats import csr as FORMAT  # noqa: N812 - the family's format module
 from .base import (Arg, KernelSpec, Launch, Request, Rule, accept, decline, epilogue_suffix, long_dtype, next_pow2,
-                   prev_pow2, sm_count, spmm_gate, spmm_operands, widest_vector)
+                   prev_pow2, spmm_gate, spmm_operands, widest_vector)
 
 FAMILY = "csr_rowsplit"
 KERNEL = "csr_rowsplit_spmm"
@@ -82,7 +82,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     lanes_k = min(WARP // lanes_col, prev_pow2(max(1.0, mean / 2)))
     # Too few rows to fill the GPU: narrow the column tile (more tiles) and hand the freed lanes
     # to the nonzero split, while each lane keeps at least 2 nonzeros of the row.
-    target = WARPS_PER_SM * sm_count(request.arch)
+    target = WARPS_PER_SM * request.device.sm_count
     narrowed = False
     while (warps_launched(m, n, vec, lanes_col, lanes_k) < target and lanes_col > 1
            and mean >= 4 * lanes_k and lanes_col * lanes_k == WARP):
@@ -99,7 +99,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
         shape = f"{lanes_col} lanes across columns x {lanes_k} splitting each row's nonzeros"
     warps = warps_launched(m, n, vec, lanes_col, lanes_k)
     why_narrow = (f" (narrowed to {-(-n // spec.tile_n)} column tiles: {m} rows alone give too few warps "
-                  f"for {sm_count(request.arch)} SMs)" if narrowed else "")
+                  f"for {request.device.sm_count} SMs)" if narrowed else "")
     steps = (f"; {unroll} chunks of {spec.lanes} nonzeros loaded per step (short rows: their loads set the time)"
              if unroll > 1 else "")
     reason = (f"rows avg {mean:.1f} nnz (CoV {stats.row_lengths.cov:.2f}), n={n}: "

@@ -5,10 +5,10 @@ once like any plan, and a call multiplies it by cuBLAS through PyTorch (`torch.m
 out=Y)`) or, without PyTorch, CuPy (`cupy.matmul`, float16 and float32: CuPy has no bfloat16), on views of
 the device buffers (runtime `LibraryGemm`). Bias and ReLU, when asked, are a generated epilogue
 kernel launched after it in stream order: one pass over Y for both, with the bias in fp32 as the
-sparse families add it (torch ops would take a launch each and work in Y's dtype). The rule accepts where
-the skinny cost model (`skinny_cost.py`) predicts that no sparse kernel beats dense: low sparsity,
-wide N. float32 is served too, where the fp32 model (`fp32_cost.py`) predicts cuBLAS SGEMM well ahead
-of the CSR kernels (50-70 % sparse layers); cuBLAS then runs with TF32 off, full fp32 like the
+sparse families add it (torch ops would take a launch each and work in Y's dtype). Selection
+(`select/policy.py`) takes it where the skinny cost model predicts that no sparse kernel beats dense
+by more than the model's error (low sparsity, wide N), and for float32 where the fp32 model predicts
+cuBLAS SGEMM well ahead of the CSR kernels; cuBLAS then runs with TF32 off, full fp32 like the
 kernels it replaces.
 """
 from __future__ import annotations
@@ -18,9 +18,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..formats import dense as FORMAT  # noqa: N812 - the family's format module
-from . import fp32_cost, skinny_cost
-from .base import (Arg, KernelSpec, Launch, LibraryGemm, Operand, Request, Rule, Step, accept, decline,
-                   epilogue_suffix)
+from .base import Arg, KernelSpec, Launch, LibraryGemm, Operand, Request, Step, decline, epilogue_suffix
 
 FAMILY = "dense_gemm"
 EPILOGUE_KERNEL = "dense_gemm_epilogue"
@@ -31,9 +29,9 @@ CALLS = {"torch": "torch.matmul", "cupy": "cupy.matmul"}
 DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4}
 DTYPE_LONG = {v: k for k, v in DTYPE_SHORT.items()}
-# A densified W past this is refused: the plan holds it on the host, in the plan cache and on the GPU
-# (40 % of an H100's 80 GB), and a matrix that large that needs a fallback is better left sparse.
-MAX_DENSE_BYTES = 32 << 30
+# A densified W past this share of the device's memory is refused (32 GiB of an H100's 80): the plan
+# holds it on the host, in the plan cache and on the GPU, and a matrix that large is better left sparse.
+MAX_DENSE_SHARE = (2, 5)
 
 
 @dataclass(frozen=True)
@@ -103,10 +101,15 @@ def gate(stats, request: Request):
     m, k = stats.shape
     if m == 0 or k == 0:
         return decline(f"empty shape {m}x{k}")
-    size = w_bytes(DTYPE_SHORT[request.dtype], m, k)
-    if size > MAX_DENSE_BYTES:
-        return decline(f"densified W would take {size / 2**30:.0f} GiB (> {MAX_DENSE_BYTES >> 30} GiB)")
+    size, limit = w_bytes(DTYPE_SHORT[request.dtype], m, k), max_dense_bytes(request.device)
+    if size > limit:
+        return decline(f"densified W would take {size / 2**30:.0f} GiB (> {limit / 2**30:.0f} GiB, "
+                       f"{MAX_DENSE_SHARE[0]}/{MAX_DENSE_SHARE[1]} of the {request.device.name}'s memory)")
     return None
+
+
+def max_dense_bytes(device) -> int:
+    return device.total_memory * MAX_DENSE_SHARE[0] // MAX_DENSE_SHARE[1]
 
 
 def make_spec(stats, request: Request, library: str) -> Spec:
@@ -114,34 +117,23 @@ def make_spec(stats, request: Request, library: str) -> Spec:
     return Spec(DTYPE_SHORT[request.dtype], m, k, request.n, library, request.bias, request.relu)
 
 
-def _rule(stats, request: Request):
-    declined = gate(stats, request)
-    if declined is not None:
-        return declined
+def forced(stats, request: Request) -> tuple[Spec, str]:
+    """The spec and reason when options family= asks for dense: the library found here, else the
+    default one named (the emulator needs none; a GPU call says what is missing)."""
     library = find_library(request.dtype)
-    if request.option("family") == FAMILY:
-        if library is None:  # the emulator needs no library; a GPU call says what is missing
-            return accept(make_spec(stats, request, "torch"),
-                          f"dense as asked; {unavailable(request)} here, so GPU calls fail until one is "
-                          f"installed (the spec names the default, {describe_call('torch')})")
-        return accept(make_spec(stats, request, library), f"dense as asked: W densified, {describe_call(library)}"
-                                                          f"{epilogue_text(request)}")
     if library is None:
-        return decline(f"no cuBLAS binding: {unavailable(request)}")
-    if request.dtype == "float32":
-        fp32 = fp32_cost.judge(stats, request.n, request.bias or request.relu)
-        if not fp32.dense:
-            return decline(f"sparse kept: {fp32.text}")
-        reason = f"dense predicted faster: {fp32.text}"
-    else:
-        verdict = skinny_cost.judge(stats, request, FAMILY)
-        if not verdict.accepted:
-            return decline(verdict.reason)
-        reason = verdict.reason
+        return make_spec(stats, request, "torch"), (
+            f"dense as asked; {unavailable(request)} here, so GPU calls fail until one is installed (the spec "
+            f"names the default, {describe_call('torch')})")
+    return make_spec(stats, request, library), (f"dense as asked: W densified, {describe_call(library)}"
+                                                f"{epilogue_text(request)}")
+
+
+def describe(stats, request: Request, library: str) -> str:
+    """What the dense spec does, for its selection's reason."""
     m, k = stats.shape
     w_mb = w_bytes(DTYPE_SHORT[request.dtype], m, k) / 1e6
-    return accept(make_spec(stats, request, library), f"{reason}; W densified ({w_mb:.1f} MB) "
-                                                      f"for {describe_call(library)}{epilogue_text(request)}")
+    return f"W densified ({w_mb:.1f} MB) for {describe_call(library)}{epilogue_text(request)}"
 
 
 def epilogue_text(request: Request) -> str:
@@ -149,9 +141,6 @@ def epilogue_text(request: Request) -> str:
         return ""
     what = " + ".join(w for w, on in (("bias", request.bias), ("ReLU", request.relu)) if on)
     return f"; {what} by a generated epilogue kernel after the GEMM"
-
-
-RULES = (Rule("dense_gemm", FAMILY, _rule),)
 
 
 def encoding(spec: Spec) -> tuple:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..formats import sampled_tiles as FORMAT  # noqa: N812 - the family's format module
-from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, long_dtype, sm_count, widest_vector
+from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, long_dtype, widest_vector
 
 FAMILY = "dense_tile_sddmm"
 KERNEL = "dense_tile_sddmm"
@@ -122,12 +122,12 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     serves more outputs), fewer rows when the matrix has fewer; slices of 32, three in flight."""
     k = request.k
     m, n = stats.shape
-    sms = sm_count(request.arch)
+    sms = request.device.sm_count
     tile_m = request.option("tile_m") or next((t for t in reversed(TILE_MS) if t >= m), TILE_MS[0])
     slice_k = int(request.option("slice_k") or min(SLICE_K, -(-k // 8) * 8))
     stages = int(request.option("stages") or STAGES)
     vec = widest_vector(k, 4)
-    min_blocks = int(request.option("min_blocks") or max(1, min(16, 65536 // (threads_for(int(tile_m)) * REGISTERS))))
+    min_blocks = int(request.option("min_blocks") or max(1, min(16, request.device.registers_per_sm // (threads_for(int(tile_m)) * REGISTERS))))
     spec = Spec("f32", k, vec, int(tile_m), slice_k, stages, min_blocks)
     fill = active_fill(stats)
     tiles = grid_tiles(m, n, spec.tile_m)
@@ -179,7 +179,7 @@ def _outside_measured(stats, request: Request, spec: Spec) -> str | None:
     if request.k < MIN_K:
         return f"k={request.k} < {MIN_K}: one short slice does not pay for staging whole tiles"
     fill = active_fill(stats)
-    blocks, sms = grid_tiles(m, n, spec.tile_m), sm_count(request.arch)
+    blocks, sms = grid_tiles(m, n, spec.tile_m), request.device.sm_count
     if bounds_met(request.k, fill, blocks, sms):
         return None
     pairs = bounds(request.k)

@@ -25,7 +25,7 @@ A block owns a `tile_m` × `tile_n` tile of Y, a warp 32 × 32 of it; K is walke
 leave SMs idle, K is split among `split_k` blocks per tile: their sums meet in an fp32 workspace (L2
 atomics) and the last block of a tile, counted in at a per-tile counter, writes Y and leaves the
 workspace and counter zeroed, all in one launch. The epilogue (bias, ReLU) is fused.
-Selected by the fp32 cost model (`fp32_cost.py`) where it predicts this kernel ahead of both the CSR
+Selected (`select/policy.py`) where the fp32 cost model predicts this kernel ahead of both the CSR
 kernels and cuBLAS SGEMM.
 """
 from __future__ import annotations
@@ -34,9 +34,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..formats import dense as FORMAT  # noqa: N812 - the family's format module
-from . import fp32_cost, panel_spmm
-from .base import (Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, epilogue_suffix, sm_count,
-                   widest_vector)
+from .base import Arg, KernelSpec, Launch, Operand, Request, accept, decline, epilogue_suffix, widest_vector
 
 FAMILY = "dense_tile_spmm"
 KERNEL = "dense_tile_spmm"
@@ -48,7 +46,6 @@ STAGES = 3  # slices in flight
 # Resident blocks per SM asked of the register allocator, by threads per block: 4 blocks of 128
 # threads cap a thread at 128 registers and spill; 3 ran 2-10 % faster in the first H100 probe.
 MIN_BLOCKS = {64: 5, 128: 3, 256: 2, 512: 1}
-SHARED_PER_SM = 227 * 1024  # bytes of shared memory a block may use on an sm_90 SM
 # K splits fill one wave of resident blocks, each split walking at least MIN_SLICES_PER_SPLIT slices;
 # once the tiles alone give more than half the SMs a block, at least FULL_GRID_SLICES_PER_SPLIT. In the
 # H100 probe (probes/dense_tile_spmm_probe.txt) 128 tiles with K = 512 ran 1.2x faster unsplit than in
@@ -65,13 +62,6 @@ DEFAULT_MMA = "tf32x3"
 # (probes/spmm_sweep_dense_tile_f16x3_tiles.txt). Not at n <= 128, nor in 64 x 64 tiles: 0.91-0.95x.
 F16X3_MIN_FLOP = 1e9
 F16X3_MIN_N = 256
-# Where panel_spmm would serve a request at n <= 128 (>= 15 % density, <= 1024 rows, K >= 2048), this
-# kernel is taken whatever the cost model says: on all 74 DLMC matrices at n = 32 and 128
-# (probes/spmm_sweep_dense_tile_vs_selection_narrow.txt) it ran 1.06-1.33x faster than panel_spmm in
-# all 17 cases the rule had given panel_spmm (the CSR line under-predicted those by 4-38 %), and was
-# the choice already in the other 23 of that region.
-PANEL_NARROW_GAIN = "1.06-1.33x"
-PANEL_NARROW_N = panel_spmm.NARROW_N  # up to this n
 MAX_DENSE_BYTES = 8 << 30  # densified W past this is refused (the plan holds it on host and GPU)
 MAX_GRID_YZ = 65535  # CUDA's limit on a grid's y (row tiles) and z (K splits) dimensions
 
@@ -154,10 +144,11 @@ def shared_bytes(tile_m: int, tile_n: int, slice_k: int, stages: int, mma: str =
     return 4 * stages * (tile_m * (slice_k + 4) + slice_k * (tile_n + 8))
 
 
-def resident_blocks(tile_m: int, tile_n: int, slice_k: int, stages: int, min_blocks: int,
+def resident_blocks(tile_m: int, tile_n: int, slice_k: int, stages: int, min_blocks: int, device,
                     mma: str = DEFAULT_MMA) -> int:
-    """Blocks an SM holds: the register request (min_blocks) and shared memory, whichever binds."""
-    return max(1, min(min_blocks, SHARED_PER_SM // shared_bytes(tile_m, tile_n, slice_k, stages, mma)))
+    """Blocks an SM of `device` holds: the register request (min_blocks) and shared memory (what a
+    block may opt in to), whichever binds."""
+    return max(1, min(min_blocks, device.shared_per_block_optin // shared_bytes(tile_m, tile_n, slice_k, stages, mma)))
 
 
 def choose_split(m: int, n: int, tile_m: int, tile_n: int, slices: int, wave: int, sms: int) -> int:
@@ -182,7 +173,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     F16X3_MIN_N."""
     m, k = stats.shape
     n = request.n
-    sms = sm_count(request.arch)
+    sms, device = request.device.sm_count, request.device
     slice_k, stages = SLICE_K, int(request.option("stages") or STAGES)
     big = takes_f16x3(m, k, n, stages)
     mma = request.option("mma") or ("f16x3" if big else DEFAULT_MMA)
@@ -193,11 +184,11 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     elif tile_m is None:
         tall_tiles = -(-m // 128) * -(-n // tile_n)
         tall = MIN_BLOCKS[threads_for(128, tile_n)]
-        tile_m = 128 if tall_tiles >= 2 * sms * resident_blocks(128, tile_n, slice_k, stages, tall, mma) else 64
+        tile_m = 128 if tall_tiles >= 2 * sms * resident_blocks(128, tile_n, slice_k, stages, tall, device, mma) else 64
     tile_m = int(tile_m)
     threads = threads_for(tile_m, tile_n)
     min_blocks = int(request.option("min_blocks") or MIN_BLOCKS[threads])
-    wave = sms * resident_blocks(tile_m, tile_n, slice_k, stages, min_blocks, mma)
+    wave = sms * resident_blocks(tile_m, tile_n, slice_k, stages, min_blocks, device, mma)
     slices = -(-k // slice_k)
     split = int(request.option("split_k") or choose_split(m, n, tile_m, tile_n, slices, wave, sms))
     split = max(1, min(split, slices, MAX_GRID_YZ))
@@ -239,7 +230,9 @@ def _check_options(request: Request) -> str | None:
     return None
 
 
-def _rule(stats, request: Request):
+def offer(stats, request: Request):
+    """The spec this family builds for the request (accepted, with what it does), or the decline
+    that says why it cannot serve it; selection (`select/policy.py`) decides whether to take it."""
     if request.op != "spmm":
         return decline(f"op {request.op!r} is not spmm")
     if request.dtype != "float32":
@@ -259,19 +252,7 @@ def _rule(stats, request: Request):
     spec, reason = choose(stats, request)
     if -(-m // spec.tile_m) > MAX_GRID_YZ:
         return decline(f"{-(-m // spec.tile_m)} row tiles of {spec.tile_m}: past the grid's {MAX_GRID_YZ} in y")
-    if request.option("family") == FAMILY:
-        return accept(spec, f"dense tiles as asked: {reason}")
-    verdict = fp32_cost.judge(stats, request.n, request.bias or request.relu)
-    if verdict.pick != "tensor" and request.n <= PANEL_NARROW_N and panel_spmm.serves_by_default(stats, request):
-        return accept(spec, f"tensor cores taken where panel_spmm would serve n <= {PANEL_NARROW_N} (the CSR "
-                            f"line under-predicts it there: tensor cores measured {PANEL_NARROW_GAIN} faster on every "
-                            f"such DLMC case); {verdict.text}; {reason}")
-    if verdict.pick != "tensor":
-        return decline(f"{verdict.pick} predicted faster: {verdict.text}")
-    return accept(spec, f"tensor cores predicted fastest: {verdict.text}; {reason}")
-
-
-RULES = (Rule("dense_tile_spmm", FAMILY, _rule),)
+    return accept(spec, reason)
 
 
 def encoding(spec: Spec) -> tuple:

@@ -19,7 +19,7 @@ from typing import ClassVar
 from ..formats import csr as CSR  # noqa: N812
 from ..formats import panel as FORMAT  # noqa: N812 - the family's format module
 from .base import (Arg, KernelSpec, Launch, Request, Rule, Step, accept, decline, epilogue_suffix, long_dtype,
-                   next_pow2, prev_pow2, sm_count, spmm_gate, spmm_operands, widest_vector)
+                   next_pow2, prev_pow2, spmm_gate, spmm_operands, widest_vector)
 
 FAMILY = "panel_spmm"
 KERNEL = "panel_spmm"
@@ -35,7 +35,6 @@ X_TILE_BYTES = 32 * 1024
 # sweep at n = 1024 over the 17 DLMC cases this kernel serves (probes/spmm_sweep_panel_splits.txt,
 # splits 2-6 forced): the one-wave split was the fastest of them in all 17, 1.13x over the old
 # (1.00-1.40x).
-SM_SHARED_BYTES = 228 * 1024  # shared memory of an H100 SM
 BLOCK_RESERVED_BYTES = 1024  # the driver's shared memory per block
 REGISTER_BLOCKS = 4  # 256-thread blocks the register file holds at this kernel's 61 registers (ncu)
 PAIR_SLACK = 1.25  # staged capacity over the expected segment; longer segments read the rest from L2
@@ -136,10 +135,11 @@ def pair_capacity(panel_rows: int, kc: int, density: float) -> int:
     return int(min(panel_rows * kc, -(-int(PAIR_SLACK * expected + 32) // 4) * 4))
 
 
-def resident_blocks(shared_bytes: int) -> int:
-    """Blocks of this kernel an SM holds at once: shared memory (with the driver's reserve per
-    block), registers (REGISTER_BLOCKS) or warps, whichever binds first."""
-    return max(1, min(64 // WARPS, REGISTER_BLOCKS, SM_SHARED_BYTES // (shared_bytes + BLOCK_RESERVED_BYTES)))
+def resident_blocks(shared_bytes: int, device) -> int:
+    """Blocks of this kernel an SM of `device` holds at once: shared memory (with the driver's
+    reserve per block), registers (REGISTER_BLOCKS) or warps, whichever binds first."""
+    warps = device.max_threads_per_sm // 32
+    return max(1, min(warps // WARPS, REGISTER_BLOCKS, device.shared_per_sm // (shared_bytes + BLOCK_RESERVED_BYTES)))
 
 
 def choose_splits(chunks: int, blocks: int, slots: int) -> int:
@@ -172,8 +172,8 @@ def choose(stats, request: Request, *, reuse: int = REUSE, blocks_per_sm: int | 
     blocks = max(-(-m // panel_rows), 1) * -(-n // tile_n)
     pair_cap = pair_capacity(panel_rows, kc, density)
     shared = 2 * stage_bytes(kc, tile_n, itemsize, record, pair_cap)  # = Spec.shared_bytes, needed before the Spec
-    per_sm = blocks_per_sm or resident_blocks(shared)
-    cps = -(-chunks // (splits or choose_splits(chunks, blocks, per_sm * sm_count(request.arch))))
+    per_sm = blocks_per_sm or resident_blocks(shared, request.device)
+    cps = -(-chunks // (splits or choose_splits(chunks, blocks, per_sm * request.device.sm_count)))
     spec = Spec(request.short_dtype, m, k, n, vec, group, WARPS, rpg, kc, cps, pair_cap, round(float(density), 3),
                 request.bias, request.relu)
     reason = (f"density {density:.3f}: panels of {panel_rows} rows share each staged X row "

@@ -15,12 +15,10 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ..formats import sliced_ell as FORMAT  # noqa: N812
-from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, sm_count
+from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, default_device
 
 FAMILY = "spdnn_sliced_ell"
 KERNEL = "spdnn_layer"
-SMEM_PER_SM = 227 * 1024  # usable shared memory per SM on sm_90 (bytes)
-THREADS_PER_SM = 2048
 # Measured on the H100 (n1024-l120, 60,000 MNIST-made inputs): tiles of 1024 outputs with 16 inputs
 # per pass ran 40.5 TeraEdges/s against 31.6 with 12 and 39.1 with 8 (benchmarks/README.md).
 DEFAULT_MINIBATCH = 16
@@ -74,8 +72,8 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     block = int(request.option("block", default_block(m)))
     stride = padded_stride(minibatch)
     # 1024-thread blocks are register-bound to one per SM: give that block all the shared memory
-    blocks_per_sm = 1 if block >= 1024 else THREADS_PER_SM // block
-    capacity = min(SMEM_PER_SM // blocks_per_sm // (stride * 4), 65536)
+    blocks_per_sm = 1 if block >= 1024 else request.device.max_threads_per_sm // block
+    capacity = min(request.device.shared_per_block_optin // blocks_per_sm // (stride * 4), 65536)
     spec = Spec(k, m, block, minibatch, stride, capacity, 0, 0, 16 if capacity <= 65536 else 32, None,
                 float(request.option("bias", 0.0)), request.option("cap"), request.option("bias_rule", "nonzero"))
     reason = (f"{m} output neurons in tiles of {block}; minibatch {minibatch} in registers; footprint buffers of "
@@ -128,9 +126,11 @@ def operands(spec: Spec, plan):
 
 
 def launch(spec: Spec, plan, sms: int | None = None) -> Launch:
-    """Tiles across x; minibatch strides across y, enough blocks to fill every SM twice over."""
+    """Tiles across x; minibatch strides across y, enough blocks to fill every SM twice over (`sms`:
+    the GPU's, which the driver reads; else the default device's)."""
     tiles = plan.constants["tiles"]
-    resident = max(1, THREADS_PER_SM // spec.block) * (sms or sm_count("sm_90"))
+    device = default_device()
+    resident = max(1, device.max_threads_per_sm // spec.block) * (sms or device.sm_count)
     return Launch((tiles, max(1, -(-2 * resident // max(tiles, 1))), 1), (spec.block, 1, 1), spec.shared_bytes)
 
 

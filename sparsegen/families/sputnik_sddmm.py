@@ -23,7 +23,7 @@ from typing import ClassVar
 
 from ..formats import csr_sddmm as FORMAT  # noqa: N812 - the family's format module
 from .base import (Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, long_dtype, next_pow2,
-                   prev_pow2, sm_count, widest_vector)
+                   prev_pow2, widest_vector)
 
 FAMILY = "sputnik_sddmm"
 KERNEL = "sputnik_sddmm"
@@ -41,7 +41,6 @@ BLOCKS = (512, 256, 128, 64, 32)  # threads per block, largest first (more group
 SPREAD = 0.85  # least acceptable `spread` of the blocks over the SMs (a larger block is worth a little)
 REGISTERS = 128  # per-thread register budget, through __launch_bounds__' minimum blocks per SM
 MAX_BLOCKS_PER_SM = 32
-THREADS_PER_SM = 2048
 INT32_MAX = 2**31 - 1
 # float32 with k exactly one pass of ONE_PASS_TILE-nonzero tiles of ONE_PASS_UNROLL float4 loads per lane
 # (k = 128 with 8-lane groups, k = 256 with 16): such tiles, ONE_PASS_BLOCK-thread blocks and
@@ -156,7 +155,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     8-nonzero tiles cover k in one pass (ONE_PASS), that configuration instead."""
     k, itemsize = request.k, (4 if request.dtype == "float32" else 2)
     m, n = stats.shape
-    sms = sm_count(request.arch)
+    sms = request.device.sm_count
     vec = widest_vector(k, itemsize)
     lanes = int(request.option("lanes") or group_lanes(k, vec, itemsize))
     target = WARPS_PER_SM * sms
@@ -168,7 +167,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     tiles = estimated_tiles(stats, tile)
     block = int(request.option("block") or (ONE_PASS_BLOCK if single else choose_block(tiles, lanes, sms)))
     min_blocks = int(request.option("min_blocks") or (ONE_PASS_MIN_BLOCKS if single else
-                     max(1, min(MAX_BLOCKS_PER_SM, 65536 // (block * REGISTERS)))))
+                     max(1, min(MAX_BLOCKS_PER_SM, request.device.registers_per_sm // (block * REGISTERS)))))
     order = request.option("order", "phase")
     fits = max(n - 1, 0) * k <= INT32_MAX
     scaled = fits and request.option("scaled", True)  # scaled=False forces 64-bit offsets (tests that path)
@@ -226,9 +225,9 @@ def _rule(stats, request: Request):
     if bad:
         return decline(bad)
     spec, reason = choose(stats, request)
-    if spec.min_blocks * spec.block > THREADS_PER_SM:
+    if spec.min_blocks * spec.block > request.device.max_threads_per_sm:
         return decline(f"option min_blocks={spec.min_blocks}: {spec.min_blocks} blocks of {spec.block} threads "
-                       f"exceed the {THREADS_PER_SM} threads an SM holds")
+                       f"exceed the {request.device.max_threads_per_sm} threads an SM holds")
     return accept(spec, reason)
 
 

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from ..formats import csr as FORMAT  # noqa: N812 - the family's format module
 from .base import (Arg, KernelSpec, Launch, Request, Rule, accept, decline, epilogue_suffix, long_dtype, next_pow2,
-                   sm_count, spmm_gate, spmm_operands, widest_vector)
+                   spmm_gate, spmm_operands, widest_vector)
 
 FAMILY = "sputnik_spmm"
 KERNEL = "sputnik_spmm"
@@ -232,7 +232,7 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     mean = stats.row_lengths.mean
     vec, width = row_group(n, itemsize, tile_bytes)
     tile_n = width * vec
-    target = SPLIT_WARPS_PER_SM * sm_count(request.arch)
+    target = SPLIT_WARPS_PER_SM * request.device.sm_count
     long_rows = many_long_rows(m, k, mean, f16, width)
     even = stats.row_lengths.cov < MANY_ROWS_MAX_COV
     many = long_rows and even
@@ -282,13 +282,13 @@ def choose(stats, request: Request, *, ksplit: int | None = None, tile_bytes: in
     elif spec.budget:
         reason += (f", each row split over the fewest row groups (a power of two, up to {spec.ksplit}) that leave "
                    f"each <= the least piece whose splits fit {spec.budget} groups per column tile (grid within "
-                   f"{target} warps for {sm_count(request.arch)} SMs; the longest row has {stats.row_lengths.max})")
+                   f"{target} warps for {request.device.sm_count} SMs; the longest row has {stats.row_lengths.max})")
     elif skewed_many:
         reason += (f", {spec.ksplit} groups per row ({m} x {k} with rows of CoV {stats.row_lengths.cov:.2f} >= "
                    f"{MANY_ROWS_MAX_COV}: many long rows, skewed; split alike measured fastest)")
     elif spec.ksplit > 1:
         reason += (f", {spec.ksplit} groups per row ({m} rows alone give {warps(m, n, tile_n, width, 1)} warps; "
-                   f"split while the grid stays within {target} for {sm_count(request.arch)} SMs)")
+                   f"split while the grid stays within {target} for {request.device.sm_count} SMs)")
     reason += (f"; {chunk}-nonzero chunks by {sv}-wide loads, {spec.batch} loads of X in flight"
                f"{many_note}"
                f"{block_note}"

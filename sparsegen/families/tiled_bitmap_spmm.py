@@ -9,7 +9,8 @@ byte popcounts (four fragments per scan) plus two warp sums give its first value
 per fragment it reads its (at most 8) values as consecutive halves into the mma registers by
 predicated 16-bit loads: no zero-fill, no scatter, no ldmatrix for W. Warps whose rows of a tile are
 empty skip it. Residency and ring depth come from `T.ring_shape`, split-K from `T.choose_split`.
-See `formats/tiled_bitmap.py` and `_tiled.py`.
+See `formats/tiled_bitmap.py` and `_tiled.py`; the skinny cost model (`select/skinny_cost.py`)
+decides when this family serves a request, and in which encoding.
 """
 from __future__ import annotations
 
@@ -19,9 +20,8 @@ from typing import ClassVar
 
 from ..formats import tiled_bitmap as FORMAT  # noqa: N812 - the family's format module
 from . import _tiled as T
-from . import skinny_cost
 from . import tiled_csl_spmm as csl
-from .base import Arg, Request, Rule, accept, decline, sm_count
+from .base import Arg, Request, decline
 
 FAMILY = "tiled_bitmap_spmm"
 KERNEL = "tiled_bitmap_spmm"
@@ -85,9 +85,9 @@ def registers(tile_m: int, bn: int, warps: int = T.WARPS) -> int:
     return REGS_BASE + 4 * mf * nf + 4 * mf + 2 * nf + 2 * mf + (WIDE_REGS if nf >= 4 else 0)
 
 
-def register_blocks(tile_m: int, bn: int, warps: int = T.WARPS) -> int:
-    """Resident blocks per SM the register estimate allows (before shared memory)."""
-    return T.register_blocks(registers(tile_m, bn, warps), warps)
+def register_blocks(tile_m: int, bn: int, device, warps: int = T.WARPS) -> int:
+    """Resident blocks per SM the register estimate allows on `device` (before shared memory)."""
+    return T.register_blocks(registers(tile_m, bn, warps), device, warps)
 
 
 def ring_for(tile_m: int, bn: int, vcap: int, request: Request, warps: int = T.WARPS,
@@ -101,7 +101,7 @@ def ring_for(tile_m: int, bn: int, vcap: int, request: Request, warps: int = T.W
     least = DEFAULT_MIN_STAGES if T.request_wgmma(request) else MIN_STAGES  # wgmma: a slot stays busy one tile longer
     return T.ring_shape(0, stage, stage, registers(tile_m, bn, warps), DEFAULT_MIN_STAGES, MAX_STAGES, max_blocks,
                         None if forced is None else max(least, int(forced)), warps=warps,
-                        forced_blocks=T.request_blocks(request) or blocks)
+                        forced_blocks=T.request_blocks(request) or blocks, device=request.device)
 
 
 def bitmap_bytes(tile_m: int, granule: int = 1):
@@ -118,31 +118,20 @@ def encoded_bytes(stats, tile_m: int, granule: int = 1) -> float:
     return T.w_bytes(stats, tile_m, bitmap_bytes(tile_m, granule), 16.0)
 
 
-def choose(stats, request: Request) -> tuple[Spec, str]:
-    """The spec for this matrix and request. Unless options granule= forces the encoding, both are
-    built and the one the skinny cost model predicts faster is kept: register pairs spend more bytes
-    (4 per nonzero register) on half the decode, which pays from ~80 % sparsity (probes/tiled_probe_granule*.txt)."""
-    if request.option("granule") is not None:
-        return _choose(stats, request)
-    spec1, why1 = _choose(stats, _with_granule(request, 1))
-    spec2, why2 = _choose(stats, _with_granule(request, 2))
-    t1 = skinny_cost.spec_seconds(stats, request, spec1)
-    t2 = skinny_cost.spec_seconds(stats, request, spec2)
-    pairs = t2 < t1
-    spec, why = (spec2, why2) if pairs else (spec1, why1)
-    won, lost = (t2, t1) if pairs else (t1, t2)
-    names = ("register pairs", "single elements") if pairs else ("single elements", "register pairs")
-    return spec, f"{names[0]} predicted faster ({won * 1e6:.1f} vs {lost * 1e6:.1f} us with {names[1]}); {why}"
-
-
-def _with_granule(request: Request, granule: int) -> Request:
+def with_granule(request: Request, granule: int) -> Request:
+    """The request with its encoding fixed (options granule=): the cost model builds both encodings
+    and keeps the one it predicts faster (register pairs spend 4 bytes per nonzero register on half
+    the decode, which pays from ~80 % sparsity: probes/tiled_probe_granule*.txt)."""
     return dataclasses.replace(request, options=tuple(sorted({**dict(request.options), "granule": granule}.items())))
 
 
-def _choose(stats, request: Request) -> tuple[Spec, str]:
+def choose(stats, request: Request, kernel_s: float) -> tuple[Spec, str]:
+    """The spec for this matrix and request, in the request's encoding (options granule=, default
+    single elements); `kernel_s`, the cost model's time of the main loop with every SM busy, weighs
+    the split-K grids and residencies `T.choose_split` compares."""
     n, (m, k) = request.n, stats.shape
     bn = T.request_bn(request)
-    sms = sm_count(request.arch)
+    sms = request.device.sm_count
     warps = T.request_warps(request)
     granule = request_granule(request)
     # the fullest analysed 128 x 64 tile; register pairs: for a uniform pattern of density d a tile's
@@ -157,8 +146,8 @@ def _choose(stats, request: Request) -> tuple[Spec, str]:
         # model weighs it against the waves it saves (T.wave_factor)
         more, _ = ring_for(128, bn, vcap_est, request, warps, granule, blocks=resident + 1)
         residencies += (more,) if more > resident else ()
-    split = T.choose_split(stats, request, n, bn, resident, skinny_cost.kernel_seconds(stats, request, FAMILY, granule),
-                           heights=(128, 64), stream_bns=T.STREAM_BNS[FAMILY], residencies=residencies)
+    split = T.choose_split(stats, request, n, bn, resident, kernel_s, heights=(128, 64),
+                           stream_bns=T.STREAM_BNS[FAMILY], residencies=residencies)
     vcap = -(-max(vcap_est * split.tile_m // 128, 8) // 8) * 8
     blocks, stages = ring_for(split.tile_m, bn, vcap, request, warps, granule, blocks=split.blocks)
     spec = Spec(T.DTYPE_SHORT[request.dtype], T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
@@ -187,14 +176,10 @@ def bytes_text(stats, request: Request) -> str:
             f"{c / area:.2f} (bitmap decode costs issue slots per tile, CSL's scatter per nonzero)")
 
 
-def compare(stats, request: Request) -> tuple[float, float, str]:
-    """(predicted bitmap seconds, predicted Tiled-CSL seconds, why): the skinny cost model's times
-    (`skinny_cost.tiled_seconds`, from the tile-density histogram) and each format's bytes."""
-    t_bitmap = skinny_cost.tiled_seconds(stats, request, FAMILY)
-    t_csl = skinny_cost.tiled_seconds(stats, request, csl.FAMILY)
-    why = (f"{skinny_cost.spread_text(stats)}: {bytes_text(stats, request)}; "
-           f"predicted {t_bitmap * 1e6:.1f} us vs {t_csl * 1e6:.1f} us")
-    return t_bitmap, t_csl, why
+def describe(stats, request: Request, spec: Spec, why: str) -> str:
+    """What a bitmap spec does, for its selection's reason: the bytes, the tiles and ring, `why`."""
+    return (f"{bytes_text(stats, request)}; {spec.tile_m}x{T.TILE_K} tiles, {spec.bn} columns per block, "
+            f"{spec.stages}-stage cp.async ring; {why}")
 
 
 def gate(stats, request: Request):
@@ -212,25 +197,6 @@ def gate(stats, request: Request):
     return declined
 
 
-def _rule(stats, request: Request):
-    """Accept where the skinny cost model predicts bitmap fastest of Tiled-CSL, dense cuBLAS and the
-    CSR kernels (or when asked for by options family=)."""
-    declined = gate(stats, request)
-    if declined is not None:
-        return declined
-    if request.option("family") == FAMILY:
-        head = "bitmap as asked"
-    else:
-        verdict = skinny_cost.judge(stats, request, FAMILY)
-        if not verdict.accepted:
-            return decline(verdict.reason)
-        head = verdict.reason
-    spec, split_reason = choose(stats, request)
-    return accept(spec, f"{head}; {bytes_text(stats, request)}; {spec.tile_m}x{T.TILE_K} tiles, {spec.bn} "
-                        f"columns per block, {spec.stages}-stage cp.async ring; {split_reason}")
-
-
-RULES = (Rule("tiled_bitmap_spmm", FAMILY, _rule),)
 FORMAT_ARGS = (Arg("bitmaps", "plan"), Arg("values", "plan"), Arg("slice_offsets", "plan"))
 
 
@@ -253,10 +219,11 @@ def encode(csr, spec: Spec, bias=None):
 def finalize(spec: Spec, plan, request: Request) -> Spec:
     """Size a stage's value buffer for the fullest tile, then the ring depth and residency."""
     vcap = max(8, plan.constants["max_tile_values"])
-    estimated = register_blocks(spec.tile_m, spec.bn, spec.warps)
+    estimated = register_blocks(spec.tile_m, spec.bn, request.device, spec.warps)
     blocks, stages = ring_for(spec.tile_m, spec.bn, vcap, request, spec.warps, spec.granule,
                               blocks=spec.min_blocks if spec.min_blocks > estimated else None)
-    return T.with_stream_grid(dataclasses.replace(spec, vcap=vcap, stages=stages, min_blocks=blocks), sm_count(request.arch))
+    return T.with_stream_grid(dataclasses.replace(spec, vcap=vcap, stages=stages, min_blocks=blocks),
+                              request.device.sm_count)
 
 
 def steps(spec: Spec, plan) -> tuple:

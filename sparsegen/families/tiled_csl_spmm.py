@@ -9,7 +9,8 @@ buffers the words are scattered into (one `LEA.HI` and one 16-bit store per nonz
 hold byte offsets); and the warps' registers (ldmatrix, mma.m16n8k16, fp32 accumulators). Iteration
 t scatters tile t + 1 while the warps multiply tile t, then each warp re-zeroes its own rows of
 tile t's buffer: one barrier per tile. Empty tiles skip the math. See `formats/tiled_csl.py` for the
-encoding and `_tiled.py` for split-K and the rule.
+encoding and `_tiled.py` for split-K; the skinny cost model (`select/skinny_cost.py`) decides when
+this family serves a request.
 """
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ from typing import ClassVar
 
 from ..formats import tiled_csl as FORMAT  # noqa: N812 - the family's format module
 from . import _tiled as T
-from . import skinny_cost
-from .base import Arg, Request, Rule, accept, decline, sm_count
+from .base import Arg, Request
 
 FAMILY = "tiled_csl_spmm"
 KERNEL = "tiled_csl_spmm"
@@ -97,8 +97,9 @@ def ring_for(tile_m: int, bn: int, vectors: int, kt_per_split: int, request: Req
     fixed = w_buffers_bytes(tile_m) + 4 * (kt_per_split + 1)  # W buffers, the block's tile offsets
     slot = slot_bytes(bn, vectors)
     blocks, stages = T.ring_shape(fixed, slot, slot, registers(tile_m, bn, warps, warp_k), least, MAX_STAGES,
-                                  MAX_BLOCKS, forced, warps=warps, forced_blocks=T.request_blocks(request))
-    per_slot = (T.smem_budget(blocks) - fixed) // stages // 128 * 128  # slots are whole 128-byte rows
+                                  MAX_BLOCKS, forced, warps=warps, forced_blocks=T.request_blocks(request),
+                                  device=request.device)
+    per_slot = (T.smem_budget(blocks, request.device) - fixed) // stages // 128 * 128  # whole 128-byte rows
     return blocks, stages, max(1, min(vectors, (per_slot - slot_bytes(bn, 0)) // 16))
 
 
@@ -111,15 +112,17 @@ def encoded_bytes(stats, tile_m: int) -> float:
     return T.w_bytes(stats, tile_m, csl_bytes, 4.0)
 
 
-def choose(stats, request: Request) -> tuple[Spec, str]:
+def choose(stats, request: Request, kernel_s: float) -> tuple[Spec, str]:
+    """The spec for this matrix and request; `kernel_s`, the cost model's time of the main loop with
+    every SM busy, weighs the split-K grids `T.choose_split` compares."""
     n, (m, k) = request.n, stats.shape
     bn = T.request_bn(request)
     k_tiles = -(-k // T.TILE_K)
     warps, warp_k = T.request_warps(request), T.request_warp_k(request)
     vectors = -(-stats.tiles.max_nnz // 4)  # the fullest analysed 128 x 64 tile, in uint4 of words
     resident, _, _ = ring_for(128, bn, vectors, k_tiles, request, warps, warp_k)
-    split = T.choose_split(stats, request, n, bn, resident, skinny_cost.kernel_seconds(stats, request, FAMILY),
-                           heights=(128, 64), stream_bns=T.STREAM_BNS[FAMILY])
+    split = T.choose_split(stats, request, n, bn, resident, kernel_s, heights=(128, 64),
+                           stream_bns=T.STREAM_BNS[FAMILY])
     kt_per_split = stream_kt_bound(m, split.tile_m, k_tiles, request) if split.reduction == "stream" \
         else -(-k_tiles // split.split_k)
     blocks, stages, _ = ring_for(split.tile_m, bn, max(1, vectors * split.tile_m // 128), kt_per_split, request,
@@ -128,7 +131,7 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
                 split.reduction, request.bias, request.relu, blocks, warps, warp_k, T.request_wgmma(request), stages=stages,
                 strict_banks=bool(request.option("strict_banks", False)),
                 l2_prefetch=bool(request.option("l2_prefetch", False)))
-    spec = T.with_stream_grid(spec, sm_count(request.arch))
+    spec = T.with_stream_grid(spec, request.device.sm_count)
     reason = (f"density {stats.density:.2f}: Tiled-CSL {encoded_bytes(stats, 128) / max(m * k, 1):.2f} B/element "
               f"({4 * stats.density:.2f} for values + positions); {spec.tile_m}x{T.TILE_K} tiles, {bn} columns "
               f"per block ({spec.n_tiles} column tile{'s' if spec.n_tiles > 1 else ''}), {stages}-slot cp.async ring, "
@@ -144,23 +147,6 @@ def gate(stats, request: Request):
     return T.gate(stats, request)
 
 
-def _rule(stats, request: Request):
-    """Accept where the skinny cost model predicts Tiled-CSL fastest of bitmap, dense cuBLAS and the
-    CSR kernels (or when asked for by options family=)."""
-    declined = gate(stats, request)
-    if declined is not None:
-        return declined
-    if request.option("family") == FAMILY:
-        spec, why = choose(stats, request)
-        return accept(spec, f"Tiled-CSL as asked; {why}")
-    verdict = skinny_cost.judge(stats, request, FAMILY)
-    if not verdict.accepted:
-        return decline(verdict.reason)
-    spec, why = choose(stats, request)
-    return accept(spec, f"{verdict.reason}; {why}")
-
-
-RULES = (Rule("tiled_csl_spmm", FAMILY, _rule),)
 FORMAT_ARGS = (Arg("words", "plan"), Arg("tile_offsets", "plan"))
 
 
@@ -190,14 +176,14 @@ def finalize(spec: Spec, plan, request: Request) -> Spec:
     forced = request.option("cap_vecs")
     cap = max(1, int(forced)) if forced is not None else cap
     spec = dataclasses.replace(spec, min_blocks=blocks, stages=stages, cap_vecs=cap)
-    return T.with_stream_grid(spec, sm_count(request.arch))
+    return T.with_stream_grid(spec, request.device.sm_count)
 
 
 def stream_kt_bound(m: int, tile_m: int, k_tiles: int, request: Request) -> int:
     """Stream-K: the most tile products a block walks whatever its residency (one block per SM, at
     least 4 each), which sizes the block's shared tile offsets before the residency is known."""
     units = -(-m // tile_m) * k_tiles
-    return -(-units // T.stream_grid(-(-m // tile_m), k_tiles, 1, sm_count(request.arch)))
+    return -(-units // T.stream_grid(-(-m // tile_m), k_tiles, 1, request.device.sm_count))
 
 
 def steps(spec: Spec, plan) -> tuple:
