@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -430,12 +429,11 @@ def _device_section(props: dict) -> dict:
 
 
 def _revision() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+    """The checkout's HEAD as the benchmarks record it (SPARSEGEN_REVISION where .git did not travel)."""
+    from .bench import git_revision
+
+    sha = git_revision()
+    return sha[:7] if sha else None
 
 
 def _measured(props: dict, settings: Settings) -> dict:

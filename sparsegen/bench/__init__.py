@@ -172,11 +172,10 @@ def get_suite(name: str):
 
 
 def gpu_slug(name: str) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'h100-80gb-hbm3'."""
-    slug = re.sub(r"[^a-z0-9]+", "-", str(name).lower()).strip("-")
-    if slug.startswith("nvidia-"):
-        slug = slug[len("nvidia-"):]
-    return slug or "unknown-gpu"
+    """'NVIDIA H100 80GB HBM3' -> 'h100-80gb-hbm3' (the rates files are named alike)."""
+    from ..select.device import slug
+
+    return slug(name)
 
 
 def _is_checkout(root: Path) -> bool:
