@@ -7,71 +7,16 @@ the rest). Line numbers are computed only when something is wrong.
 """
 from __future__ import annotations
 
-import gzip
-import os
-import zlib
-from pathlib import Path
-
 import numpy as np
 import scipy.sparse as sp
 
 from ..errors import FormatError
+from ._files import GZIP_MAGIC, Source, read_bytes, require_memory  # noqa: F401 (the readers' and graphchallenge's way in)
 
-GZIP_MAGIC = b"\x1f\x8b"
 WIDE = 64  # spaces padding the text: position lookups up to WIDE before a token stay in bounds
 CHUNK = 1 << 16  # tokens per parsing step: keeps its temporary arrays in cache
 _P10_FLT = 10.0 ** np.arange(23)  # every power here is exact in float64, so one multiply/divide rounds once
 INT32_MAX = np.iinfo(np.int32).max
-
-
-# ---------------------------------------------------------------------------------------------- files
-
-def _check_file(path) -> Path:
-    p = Path(os.fspath(path))
-    if not p.exists():
-        raise FormatError(p, None, "an existing file", "no such file")
-    if p.is_dir():
-        raise FormatError(p, None, "a file", "a directory")
-    return p
-
-
-def read_bytes(path) -> bytes:
-    """The file's bytes, gunzipped when they start with the gzip magic (whatever the name says)."""
-    p = _check_file(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise FormatError(p, None, "a readable file", e.strerror or str(e)) from None
-    if raw[:2] == GZIP_MAGIC:
-        try:
-            return gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as e:
-            raise FormatError(p, None, "a complete gzip stream", f"{type(e).__name__}: {e}") from None
-    if p.name.lower().endswith(".gz"):
-        raise FormatError(p, None, "gzip data (the name ends in .gz)", f"first bytes {raw[:4]!r}")
-    return raw
-
-
-def open_binary(path):
-    """A binary stream of the file, gunzipping transparently; for readers that need only a prefix."""
-    p = _check_file(path)
-    try:
-        f = open(p, "rb")
-    except OSError as e:
-        raise FormatError(p, None, "a readable file", e.strerror or str(e)) from None
-    if f.read(2) == GZIP_MAGIC:
-        f.seek(0)
-        return gzip.GzipFile(fileobj=f, mode="rb")
-    f.seek(0)
-    return f
-
-
-def read_prefix(stream, n: int, path) -> bytes:
-    """Up to n bytes of stream (fewer only at its end); gzip damage becomes a FormatError."""
-    try:
-        return stream.read(n)
-    except (OSError, EOFError, zlib.error) as e:
-        raise FormatError(path, None, "a complete gzip stream", f"{type(e).__name__}: {e}") from None
 
 
 def value_dtype(dtype) -> np.dtype:
@@ -326,6 +271,14 @@ def _layout(token: bytes):
 
 # --------------------------------------------------------------------------------------- matrices
 
+def indptr_of_rows(rows, m: int, path=None) -> np.ndarray:
+    """int64 row pointers (length m + 1) of entries whose sorted 0-based row indices are `rows`."""
+    require_memory(16 * (m + 1), f"the row pointers of {m} rows", path)
+    indptr = np.zeros(m + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
+    return indptr
+
+
 def index_dtype(shape, nnz) -> np.dtype:
     return np.dtype(np.int32 if max(max(shape, default=0), nnz) <= INT32_MAX else np.int64)
 
@@ -340,7 +293,7 @@ def make_csr(data, indices, indptr, shape) -> sp.csr_matrix:
     return m
 
 
-def coo_to_csr(rows, cols, vals, shape, *, duplicate):
+def coo_to_csr(rows, cols, vals, shape, *, duplicate, path=None):
     """Canonical CSR from 0-based, in-range COO. `duplicate(i, j)` is called with the positions of
     two equal (row, col) entries, i before j in the input, and must raise."""
     m, n = shape
@@ -359,9 +312,7 @@ def coo_to_csr(rows, cols, vals, shape, *, duplicate):
         if same.any():
             _report_duplicate(np.unique(np.stack([rows, cols], 1), axis=0, return_inverse=True)[1], duplicate)
         rows, cols, vals = r, c, vals[order]
-    indptr = np.zeros(m + 1, np.int64)
-    np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
-    return make_csr(vals, cols, indptr, (m, n))
+    return make_csr(vals, cols, indptr_of_rows(rows, m, path), (m, n))
 
 
 def _report_duplicate(key, duplicate):
