@@ -108,3 +108,218 @@ def test_gzip_members_padding_and_trailing_garbage(tmp_path):
     bad_crc = bytearray(whole)
     bad_crc[-6] ^= 0xFF
     fails(write(tmp_path / "crc.tsv.gz", bytes(bad_crc)), "complete gzip stream")
+
+
+# ------------------------------------------------------------------------------------ npz arrays
+
+def savez(path: Path, **members) -> Path:
+    np.savez(path, **members)
+    return path
+
+
+def csr_members(**change):
+    base = dict(format=b"csr", shape=np.array([3, 4]), data=np.float32([1, 2, 3]),
+                indices=np.int32([0, 3, 1]), indptr=np.int32([0, 2, 2, 3]))
+    base.update(change)
+    return {k: v for k, v in base.items() if v is not None}
+
+
+def test_npz_segfault_reproducer_in_a_subprocess(tmp_path):
+    """The issue's reproducer: out-of-range CSC indices reached scipy's converters and crashed them."""
+    import subprocess
+    import sys
+    p = savez(tmp_path / "bad.npz", format=b"csc", shape=[2, 2], data=np.float32([1, 2]),
+              indices=np.int32([0, 1000000]), indptr=np.int32([0, 1, 2]))
+    code = ("import sys; from sparsegen.io import load; from sparsegen.errors import FormatError\n"
+            "try:\n    load(sys.argv[1])\nexcept FormatError as e:\n    print(e)\n")
+    repo = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, timeout=120,
+                         cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    assert "member indices.npy: row indices in 0..1" in run.stdout and "1000000" in run.stdout
+
+
+@pytest.mark.parametrize("change, fragments", [
+    (dict(indices=np.int32([0, 4, 1])), ["indices.npy: column indices in 0..3", "4 at position 1"]),
+    (dict(indices=np.int32([0, -1, 1])), ["column indices", "-1 at position 1 (negative)"]),
+    (dict(indptr=np.int32([0, 2, 1, 3])), ["indptr.npy: non-decreasing", "pointer 2 = 1 < pointer 1 = 2"]),
+    (dict(indptr=np.int32([1, 2, 2, 3])), ["starting at 0"]),
+    (dict(indptr=np.int32([0, 2, 2, 4])), ["ending at the number of stored entries, 3", "last pointer 4"]),
+    (dict(indptr=np.int32([0, 2, 3])), ["indptr.npy: length 4 (rows + 1)", "length 3"]),
+    (dict(indptr=np.int32([0, 2, 2, 3, 3])), ["length 4", "length 5"]),
+    (dict(data=np.float32([1, 2])), ["indices.npy: length 2", "length 3"]),
+    (dict(indices=np.float64([0, 3, 1])), ["indices.npy: an integer array", "float64"]),
+    (dict(indices=np.array([0, 3, 1], object)), ["indices.npy", "no objects", "object"]),
+    (dict(indptr=np.array([[0, 2, 2, 3]])), ["indptr.npy: a 1-D array", "(1, 4)"]),
+    (dict(indices=np.uint64([0, 2**64 - 1, 1])), ["integers <=", "18446744073709551615"]),
+    (dict(data=np.array(["a", "b", "c"])), ["data.npy", "real numeric", "non-numeric"]),
+    (dict(data=np.complex64([1, 2, 3])), ["data.npy", "complex"]),
+    (dict(data=np.float32([1, np.nan, 3])), ["finite values", "1 non-finite", "(row 0, col 3)"]),
+    (dict(shape=np.array([3.0, 4.0])), ["shape.npy: an integer array", "float64"]),
+    (dict(shape=np.array([3, -4])), ["shape.npy: non-negative sizes", "[3, -4]"]),
+    (dict(shape=np.array([3, 4, 1])), ["shape.npy: 2 entries", "3: [3, 4, 1]"]),
+    (dict(shape=np.array([10**18, 4])), ["a shape that", "bytes of content back", "1000000000000000000 x 4"]),
+    (dict(shape=np.array([3, 10**18])), ["a shape that", "3 x 1000000000000000000"]),
+    (dict(shape=np.array([3, 2**40])), ["rows + cols <="]),
+    (dict(format=b"lil"), ["format.npy: one of csr, csc, coo, bsr, dia", "'lil'"]),
+    (dict(format=np.array([b"csr"])), ["format.npy: a 0-d string array", "shape (1,)"]),
+    (dict(format=np.int64(3)), ["format.npy: a 0-d string array", "int64"]),
+    (dict(format=None), ["a member format.npy"]),
+    (dict(indices=None), ["member indices.npy: present", "none"]),
+    (dict(data=np.array([(1, 2)] * 3, dtype="i4,i4")), ["data.npy", "no objects, records"]),
+])
+def test_npz_csr_arrays_checked(tmp_path, change, fragments):
+    fails(savez(tmp_path / "m.npz", **csr_members(**change)), *fragments)
+
+
+@pytest.mark.parametrize("members, fragments", [
+    (dict(format=b"csc", shape=[2, 2], data=np.float32([1, 2]), indices=np.int32([0, 2]), indptr=np.int32([0, 1, 2])),
+     ["indices.npy: row indices in 0..1", "2 at position 1"]),
+    (dict(format=b"csc", shape=[2, 3], data=np.float32([1, 2]), indices=np.int32([0, 1]), indptr=np.int32([0, 1, 2])),
+     ["indptr.npy: length 4 (columns + 1)"]),
+    (dict(format=b"coo", shape=[3, 3], data=np.float32([1, 2]), row=np.int64([0, 3]), col=np.int64([0, 0])),
+     ["row.npy: row indices in 0..2", "3 at position 1"]),
+    (dict(format=b"coo", shape=[3, 3], data=np.float32([1, 2]), row=np.int64([0, 1]), col=np.int64([0, -7])),
+     ["col.npy: column indices", "-7 at position 1 (negative)"]),
+    (dict(format=b"coo", shape=[3, 3], data=np.float32([1, 2]), row=np.int64([0]), col=np.int64([0, 1])),
+     ["row.npy: length 2"]),
+    (dict(format=b"coo", shape=[3, 3], data=np.float32([1]), coords=np.int64([[0], [3]])),
+     ["coords.npy: column indices in 0..2"]),
+    (dict(format=b"coo", shape=[3, 3], data=np.float32([1]), coords=np.int64([[0], [1], [1]])),
+     ["coords.npy: 2 rows"]),
+    (dict(format=b"coo", shape=[3, 3], data=np.float64([1e308, 1e308]), row=np.int64([1, 1]), col=np.int64([2, 2])),
+     ["duplicate entries whose sum is finite", "(row 1, col 2)"]),
+    (dict(format=b"coo", shape=[10**15, 10**15], data=np.float32([1]), row=np.int64([5]), col=np.int64([5])),
+     ["a shape that", "1000000000000000 x 1000000000000000"]),
+    (dict(format=b"bsr", shape=[3, 4], data=np.ones((1, 2, 2)), indices=np.int32([0]), indptr=np.int32([0, 1])),
+     ["data.npy: blocks (nblocks, R, C) with R >= 1 dividing 3 rows", "shape (1, 2, 2)"]),
+    (dict(format=b"bsr", shape=[4, 4], data=np.ones((1, 0, 2)), indices=np.int32([0]), indptr=np.int32([0, 1, 1])),
+     ["blocks (nblocks, R, C)", "(1, 0, 2)"]),
+    (dict(format=b"bsr", shape=[4, 4], data=np.ones((1, 2, 2)), indices=np.int32([2]), indptr=np.int32([0, 1, 1])),
+     ["indices.npy: block column indices in 0..1", "2 at position 0"]),
+    (dict(format=b"bsr", shape=[4, 4], data=np.ones((2, 2)), indices=np.int32([0]), indptr=np.int32([0, 1, 1])),
+     ["data.npy: a 3-D array"]),
+    (dict(format=b"bsr", shape=[4, 4], data=np.ones((1, 2, 2)), indices=np.int32([0]), indptr=np.int32([0, 1])),
+     ["indptr.npy: length 3 (block rows (4 / 2) + 1)"]),
+    (dict(format=b"dia", shape=[4, 4], data=np.ones((2, 4)), offsets=np.int32([1, 1])),
+     ["offsets.npy: distinct diagonal offsets", "1 twice"]),
+    (dict(format=b"dia", shape=[4, 4], data=np.ones((2, 4)), offsets=np.int32([1])),
+     ["offsets.npy: length 2 (one per diagonal in data)"]),
+    (dict(format=b"dia", shape=[4, 4], data=np.ones(4), offsets=np.int32([1])), ["data.npy: a 2-D array"]),
+    (dict(format=b"dia", shape=[4, 4], data=np.ones((1, 4)), offsets=np.uint64([2**64 - 1])), ["integers <="]),
+    (dict(format=b"dia", shape=[4, 4], data=np.float32([[1, np.inf, 0, 0]]), offsets=np.int32([0])),
+     ["1 non-finite", "inf at (row 1, col 1)"]),
+])
+def test_npz_other_formats_checked(tmp_path, members, fragments):
+    fails(savez(tmp_path / "m.npz", **members), *fragments)
+
+
+def test_npz_every_save_npz_format_round_trips(tmp_path):
+    a = sp.random(12, 8, density=0.3, random_state=1, format="csr", dtype=np.float64)
+    a.data[0] = 0.0  # an explicit zero: kept by every format but DIA, as scipy converts them
+    for fmt in ("csr", "csc", "coo", "bsr", "dia"):
+        for kind in ("matrix", "array"):
+            m = sp.bsr_matrix(a, blocksize=(4, 2)) if fmt == "bsr" else a.asformat(fmt)
+            if kind == "array":
+                m = getattr(sp, f"{fmt}_array")(m)
+            for compressed in (True, False):
+                sp.save_npz(tmp_path / "m.npz", m, compressed=compressed)
+                got = load(tmp_path / "m.npz", dtype=np.float64)
+                ref = sp.csr_matrix(m)
+                ref.sum_duplicates()
+                assert got.shape == ref.shape and got.nnz == ref.nnz, (fmt, kind)
+                np.testing.assert_array_equal(got.indptr, ref.indptr)
+                np.testing.assert_array_equal(got.indices, ref.indices)
+                np.testing.assert_array_equal(got.data, ref.data)
+    d = sp.dia_matrix((np.float32([[1, 2, 3, 4], [5, 0, 7, 8]]), [0, 7]), shape=(4, 4))  # offset 7: outside
+    sp.save_npz(tmp_path / "d.npz", d)
+    np.testing.assert_array_equal(load(tmp_path / "d.npz").toarray(), np.diag([1, 2, 3, 4]))
+
+
+@pytest.mark.parametrize("damage", ["zip directory", "member bytes", "npy header", "npy version", "truncated"])
+def test_npz_damaged_archive(tmp_path, damage):
+    p = savez(tmp_path / "m.npz", **csr_members())
+    raw = bytearray(p.read_bytes())
+    if damage == "zip directory":
+        raw = raw[:-30]
+    elif damage == "member bytes":  # stored (not deflated) members: the CRC catches a flipped byte
+        i = raw.index(b"\x93NUMPY", raw.index(b"indices.npy")) + 130
+        raw[i] ^= 0x55
+    elif damage == "npy header":
+        i = raw.index(b"'descr'", raw.index(b"indices.npy"))
+        raw[i:i + 7] = b"'dxscr'"
+    elif damage == "npy version":
+        i = raw.index(b"\x93NUMPY", raw.index(b"indices.npy"))
+        raw[i + 6] = 9
+    else:
+        raw = raw[: len(raw) // 2]
+    fails(write(p, bytes(raw)), "m.npz")
+
+
+def test_npz_member_sizes_bounded(tmp_path, monkeypatch):
+    big = csr_members(data=np.zeros(300_000, np.float32), indices=np.zeros(300_000, np.int32),
+                      indptr=np.int32([0, 300_000, 300_000, 300_000]))
+    np.savez_compressed(tmp_path / "z.npz", **big)  # zeros: 1.2 MB members in a few kB
+    monkeypatch.setenv(_files.MAX_DECOMPRESSED_ENV, "1000000")
+    fails(tmp_path / "z.npz", "at most", "after decompression", _files.MAX_DECOMPRESSED_ENV)
+
+
+# ------------------------------------------------------------------------------------ as_csr
+
+def _broken(kind):
+    m = sp.csr_matrix(np.eye(3, dtype=np.float32))
+    if kind == "csr index":
+        m.indices[1] = 10**6
+    elif kind == "csr indptr":
+        m.indptr[1] = 5
+    elif kind == "csr float indices":
+        m.indices = m.indices.astype(np.float64)
+    elif kind == "csc index":
+        m = sp.csc_matrix(np.eye(3))
+        m.indices[0] = 7
+    elif kind == "coo negative":
+        m = sp.coo_matrix(np.eye(3))
+        m.row[0] = -1
+    elif kind == "bsr indptr":
+        m = sp.bsr_matrix(np.eye(4), blocksize=(2, 2))
+        m.indptr[1] = 9
+    elif kind == "dia duplicate offsets":
+        m = sp.dia_matrix(np.eye(3))
+        m.offsets = np.array([0, 0])
+        m.data = np.ones((2, 3))
+    return m
+
+
+@pytest.mark.parametrize("kind, fragments", [
+    ("csr index", ["indices: column indices in 0..2", "1000000 at position 1"]),
+    ("csr indptr", ["indptr: non-decreasing pointers"]),
+    ("csr float indices", ["indices: an integer array"]),
+    ("csc index", ["indices: row indices in 0..2", "7 at position 0"]),
+    ("coo negative", ["row: row indices in 0..2", "-1 at position 0 (negative)"]),
+    ("bsr indptr", ["indptr: non-decreasing pointers"]),
+    ("dia duplicate offsets", ["offsets: distinct"]),
+])
+def test_as_csr_inconsistent_arrays(kind, fragments):
+    from sparsegen.io import as_csr
+    with pytest.raises(FormatError) as e:
+        as_csr(_broken(kind))
+    for f in fragments:
+        assert f in str(e.value), (f, str(e.value))
+
+
+def test_as_csr_stale_canonical_flag():
+    from sparsegen.io import as_csr
+    m = sp.csr_matrix(np.eye(3, dtype=np.float32))
+    assert m.has_canonical_format
+    m.indices[:] = [2, 1, 0]  # the flag still says canonical; the arrays are not
+    m.indptr[:] = [0, 3, 3, 3]
+    a = as_csr(m)
+    np.testing.assert_array_equal(a.indices, [0, 1, 2])
+    np.testing.assert_array_equal(m.indices, [2, 1, 0])  # the caller's matrix is untouched
+
+
+def test_as_csr_too_tall_for_memory():
+    from sparsegen.io import as_csr
+    m = sp.coo_matrix(([1.0], ([10**15 - 1], [0])), shape=(10**15, 1))
+    with pytest.raises(SparsegenError, match="needs about .* of memory"):
+        as_csr(m)

@@ -26,7 +26,7 @@ import scipy.sparse as sp
 
 from ..errors import FormatError
 from . import idx, mtx, npz, smtx, tsv
-from ._text import as_csr as _as_csr
+from ._arrays import as_csr as _as_csr
 
 READERS = {"tsv": tsv.read, "mtx": mtx.read, "npz": npz.read, "smtx": smtx.read, "idx": idx.read}
 FORMATS = tuple(READERS)

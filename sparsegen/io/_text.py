@@ -273,7 +273,7 @@ def _layout(token: bytes):
 
 def indptr_of_rows(rows, m: int, path=None) -> np.ndarray:
     """int64 row pointers (length m + 1) of entries whose sorted 0-based row indices are `rows`."""
-    require_memory(16 * (m + 1), f"the row pointers of {m} rows", path)
+    require_memory(16 * (m + 1), f"building the row pointers of {m} rows", path)
     indptr = np.zeros(m + 1, np.int64)
     np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
     return indptr
@@ -327,46 +327,6 @@ def _report_duplicate(key, duplicate):
     duplicate(earlier, later)
 
 
-def as_csr(matrix, dtype=None, *, path=None) -> sp.csr_matrix:
-    """Canonical CSR of a scipy sparse matrix/array or a dense 2-D array (see sparsegen.io.as_csr)."""
-    if sp.issparse(matrix):
-        if matrix.ndim != 2:
-            raise FormatError(path, None, "a 2-D matrix", f"a {matrix.ndim}-D sparse array")
-        _check_value_dtype(matrix.dtype, path)
-        if _canonical_float_csr(matrix, dtype):  # the common case: no copy, only the finite check
-            csr = matrix if isinstance(matrix, sp.csr_matrix) else sp.csr_matrix(matrix, copy=False)
-            _check_finite(csr.data, path, lambda i: (int(np.searchsorted(csr.indptr, i, side="right")) - 1,
-                                                    int(csr.indices[i])))
-            return csr
-        csr = sp.csr_matrix(matrix, copy=True)  # never mutate the caller's matrix
-        csr.sum_duplicates()  # also sorts indices
-        values, indices, indptr, shape = csr.data, csr.indices, csr.indptr, csr.shape
-        def position(i):
-            return int(np.searchsorted(indptr, i, side="right")) - 1, int(indices[i])
-    else:
-        a = np.asarray(matrix)
-        if a.ndim != 2:
-            raise FormatError(path, None, "a 2-D matrix", f"an array of shape {a.shape}")
-        _check_value_dtype(a.dtype, path)
-        r, indices = np.nonzero(a)  # row-major order: already canonical; NaN and inf are nonzero
-        values, shape = a[r, indices], a.shape
-        indptr = np.zeros(shape[0] + 1, np.int64)
-        np.cumsum(np.bincount(r, minlength=shape[0]), out=indptr[1:])
-        def position(i):
-            return int(r[i]), int(indices[i])
-    _check_finite(values, path, position)
-    dt = value_dtype(dtype) if dtype is not None else (
-        values.dtype if values.dtype.kind == "f" else np.dtype(np.float32))
-    return make_csr(cast_values(values, dt, path), indices, indptr, shape)
-
-
-def _canonical_float_csr(matrix, dtype) -> bool:
-    """Already what as_csr would return: CSR, sorted, no duplicates, float values of the asked dtype."""
-    return (matrix.format == "csr" and matrix.dtype.kind == "f" and matrix.dtype.itemsize >= 4
-            and (dtype is None or value_dtype(dtype) == matrix.dtype)
-            and matrix.indices.dtype == matrix.indptr.dtype and matrix.has_canonical_format)
-
-
 def cast_values(values, dt, path, where=None):
     """values as dt, refusing finite values that overflow it (1e300 as float32 would become inf)."""
     with np.errstate(over="ignore"):  # overflow is checked right below
@@ -380,13 +340,16 @@ def cast_values(values, dt, path, where=None):
     return cast
 
 
-def _check_value_dtype(dt, path):
+def check_value_dtype(dt, path, what: str | None = None):
+    """Values must be real numbers: bool, integer or float."""
     if dt.kind not in "biuf":
         kind = "complex" if dt.kind == "c" else "non-numeric"
-        raise FormatError(path, None, "real numeric values (bool, integer or float)", f"{kind} dtype {dt}")
+        expected = "real numeric values (bool, integer or float)"
+        raise FormatError(path, None, f"{what}: {expected}" if what else expected, f"{kind} dtype {dt}")
 
 
-def _check_finite(values, path, position):
+def check_finite(values, path, position):
+    """NaN/inf values are a FormatError naming how many and where the first is (position(i) -> (row, col))."""
     if values.dtype.kind != "f":
         return
     bad = ~np.isfinite(values)
