@@ -323,3 +323,77 @@ def test_as_csr_too_tall_for_memory():
     m = sp.coo_matrix(([1.0], ([10**15 - 1], [0])), shape=(10**15, 1))
     with pytest.raises(SparsegenError, match="needs about .* of memory"):
         as_csr(m)
+
+
+# ------------------------------------------------------------------------------------ sizes
+
+MTX = "%%MatrixMarket matrix coordinate real general\n"
+
+
+@pytest.mark.parametrize("name, text, line, fragments", [
+    ("a.tsv", "999999999999999999\t1\t1\n", 1, ["999999999999999999 x 1", "inferred from the largest row index"]),
+    ("b.tsv", "1 1 1\n2 999999999999 1\n", 2, ["2 x 999999999999", "column index 999999999999"]),
+    ("c.mtx", MTX + "1000000000000 5 1\n1 1 1\n", 2, ["1000000000000 x 5 (the size line)"]),
+    ("d.mtx", MTX + "5 99999999999999999999999 0\n", 2, ["5 x 99999999999999999999999"]),
+    ("e.mtx", "%%MatrixMarket matrix array real general\n0 1000000000000000\n", 2, ["0 x 1000000000000000"]),
+    ("f.smtx", "5, 100000000000, 0\n0 0 0 0 0 0\n", 1, ["5 x 100000000000 (the header)"]),
+    ("g.smtx", "100000000000, 5, 0\n0 0\n", 1, ["100000000000 x 5"]),
+])
+def test_shapes_the_file_cannot_back(tmp_path, name, text, line, fragments):
+    e = fails(write(tmp_path / name, text), "a shape that", "bytes of content back", "rows + cols <=", *fragments,
+              line=line)
+    assert e.line == line
+
+
+def test_idx_header_sizes(tmp_path):
+    p = write(tmp_path / "z-idx3-ubyte", struct.pack(">IIII", 2051, 0, 65535, 65535))
+    fails(p, "a shape that", "0 x 4294836225")
+    p = write(tmp_path / "h-idx3-ubyte", struct.pack(">IIII", 2051, 2**32 - 1, 2**32 - 1, 2**32 - 1) + b"\x01" * 10)
+    fails(p, "bytes of pixels for 4294967295 images of 4294967295x4294967295", "10 bytes (truncated)")
+    gz = write(tmp_path / "h-idx3-ubyte.gz", struct.pack(">IIII", 2051, 2**32 - 1, 2**32 - 1, 2**32 - 1) + b"\x01" * 10,
+               compress=True)
+    fails(gz, "bytes of pixels for 4294967295 images", "10 bytes (truncated)")  # read in chunks, never sized by the header
+
+
+def test_shape_rule_boundary(tmp_path):
+    """rows + cols = the limit is read; one more is refused."""
+    for extra in (0, 1):
+        size = len((MTX + "1 xxxxxxx 1\n1 1 1\n").encode())  # the limit's 7 digits in place
+        cols = _files.dims_limit(size) - 1 + extra
+        text = MTX + f"1 {cols} 1\n1 1 1\n"
+        assert len(text.encode()) == size
+        p = write(tmp_path / f"edge{extra}.mtx", text)
+        if extra:
+            fails(p, "a shape that", line=2)
+        else:
+            assert load(p).shape == (1, cols)
+
+
+def test_declared_shape_option_is_trusted_but_memory_checked(tmp_path, monkeypatch):
+    p = write(tmp_path / "t.tsv", "1 1 1\n")
+    assert load(p, shape=(5_000_000, 2)).shape == (5_000_000, 2)  # the caller's shape, not the file's
+    with pytest.raises(SparsegenError, match=r"row pointers of 1000000000000000 rows needs about .* of memory"):
+        load(p, shape=(10**15, 1))
+
+
+def test_memory_is_asked_for_before_allocating(tmp_path, monkeypatch):
+    p = write(tmp_path / "m.tsv", "1 1 1\n" * 1000)
+    monkeypatch.setattr(_files, "available_memory", lambda: 20000)
+    with pytest.raises(SparsegenError) as e:
+        load(p)
+    assert not isinstance(e.value, FormatError)
+    assert "tokenizing 6000 bytes of text needs about 64.5 KiB of memory; 19.5 KiB is available" in str(e.value)
+    monkeypatch.setattr(_files, "available_memory", lambda: 5000)
+    with pytest.raises(SparsegenError, match="reading a file of 6000 bytes needs about 5.9 KiB"):
+        load(p)
+
+
+def test_memory_error_becomes_a_sparsegen_error(tmp_path, monkeypatch):
+    from sparsegen.io import tsv
+    p = write(tmp_path / "m.tsv", "1 1 1\n")
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError("Unable to allocate 6.94 EiB for an array with shape (1000000000000000000,)")
+    monkeypatch.setattr(tsv, "parse", exhausted)
+    with pytest.raises(SparsegenError, match=r"m.tsv: reading it ran out of memory \(Unable to allocate 6.94 EiB"):
+        load(p)

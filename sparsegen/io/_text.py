@@ -45,6 +45,8 @@ class Tokens:
         stop = len(data) if stop is None else stop
         self.data, self.path, self.first_line, self.start = data, path, first_line, start
         n = stop - start
+        # the byte buffer, its whitespace mask and two offsets per token: about 11 bytes a byte
+        require_memory(11 * n, f"tokenizing {n} bytes of text", path)
         # WIDE spaces on both sides: every window of <= WIDE bytes around a token stays in bounds,
         # and a token can neither begin at index 0 nor run off the end.
         buf = np.full(n + 2 * WIDE, 32, np.uint8)

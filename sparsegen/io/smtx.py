@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import FormatError
+from ._files import check_shape
 from ._text import Tokens, _shorten, make_csr, read_bytes, value_dtype
 
 HEADER = "a header line 'nrows, ncols, nnz'"
@@ -32,6 +33,7 @@ def parse(data: bytes, *, path="<bytes>", values="random", seed=0, dtype=np.floa
         raise FormatError(path, None, HEADER, "an empty file")
     lines = data.split(b"\n", 3)  # header, offsets, columns, rest: a few copies, no per-entry work
     m, n, nnz = _header(lines[0], path)
+    check_shape(path, (m, n), len(data), line=1, source="the header")
     offsets = _offsets(lines, path, m, nnz)
     cols = _columns(lines, path, n, nnz, offsets)
     rest = lines[3] if len(lines) > 3 else b""
