@@ -397,3 +397,43 @@ def test_memory_error_becomes_a_sparsegen_error(tmp_path, monkeypatch):
     monkeypatch.setattr(tsv, "parse", exhausted)
     with pytest.raises(SparsegenError, match=r"m.tsv: reading it ran out of memory \(Unable to allocate 6.94 EiB"):
         load(p)
+
+
+# ------------------------------------------------------------------------------------ number syntax
+
+LENIENT = [b"1_000", b"2\x00", b"1.5\x00", b"\x002", b"+-1", b"--1", b"\xef\xbc\x91", b"1e", b"1e+", b".", b"e5",
+           b".e5", b"1e5_0", b"1_0.5", b"0x10", b"1d5", b"1.5f", b"1,5", b"\xa01", b"nan\x00", b"nan(1)", b"infinit"]
+
+
+@pytest.mark.parametrize("token", LENIENT, ids=repr)
+def test_lenient_numbers_are_errors(tmp_path, token):
+    cases = [
+        ("v.tsv", b"1 1 1\n2 2 " + token + b"\n", 2, "a number (value)"),
+        ("r.tsv", b"1 1 1\n" + token + b" 2 1\n", 2, "an integer row index"),
+        ("v.mtx", MTX.encode() + b"2 2 2\n1 1 1\n2 2 " + token + b"\n", 4, "a number (value)"),
+        ("s.mtx", MTX.encode() + b"2 " + token + b" 1\n1 1 1\n", 2, "a size line"),
+        ("h.smtx", b"2, " + token + b", 1\n0 1 1\n0\n", 1, "a header line 'nrows, ncols, nnz'"),
+        ("o.smtx", b"2, 3, 1\n0 " + token + b" 1\n0\n", 2, "an integer row offset"),
+    ]
+    for name, data, line, expected in cases:
+        e = fails(write(tmp_path / name, data), expected, line=line)
+        assert "expected " + expected in str(e), (name, str(e))
+
+
+@pytest.mark.parametrize("token, value", [
+    (b"1.", 1.0), (b".5", 0.5), (b"+.5", 0.5), (b"-0", -0.0), (b"1.e5", 1e5), (b"1E-05", 1e-5), (b"00012.5000", 12.5),
+    (b"5e-400", 0.0), (b"0." + b"1" * 80, float("0." + "1" * 80)), (b"-1.5e+3", -1500.0),
+])
+def test_strict_numbers_still_read(tmp_path, token, value):
+    # "9 9 <irregular layout>" first, so that the token after it takes the grammar-checked path
+    a = load(write(tmp_path / "ok.tsv", b"9 9 1.25e-1\n1 1 " + token + b"\n"), dtype=np.float64)
+    assert a.indices[0] == 0 and a.data[0] == value and np.signbit(a.data[0]) == np.signbit(value)  # (0, 0) comes first
+
+
+@pytest.mark.parametrize("token", [b"nan", b"-INF", b"Infinity", b"1e400", b"-1e99999"], ids=repr)
+def test_non_finite_values_named(tmp_path, token):
+    fails(write(tmp_path / "n.tsv", b"1 1 1\n2 2 " + token + b"\n"), "a finite value", repr(token.decode()), line=2)
+
+
+def test_number_tokens_have_a_length_limit(tmp_path):
+    fails(write(tmp_path / "l.tsv", b"1 1 1\n2 2 " + b"1" * 300 + b"\n"), "of at most 256 characters", line=2)

@@ -223,25 +223,63 @@ class Tokens:
         return np.where(neg, -v, v), fast
 
     def _floats_slow(self, part, what):
-        """NumPy's string-to-float parser (nan, inf, long mantissas, mixed layouts)."""
+        """Tokens checked against the strict grammar of a decimal number (`_float_grammar`), then
+        parsed by NumPy's correctly rounded string-to-float; anything else is a FormatError."""
         s, e = self.starts[part], self.ends[part]
         lens = e - s
+        long = np.flatnonzero(lens > MAX_NUMBER)
+        if len(long):
+            self.fail(int(part[long[0]]), f"a number ({what}) of at most {MAX_NUMBER} characters", self.text(int(part[long[0]])))
         width = int(lens.max(initial=1))
-        if width <= WIDE:
-            cols = [np.where(lens > j, self.buf[s + j], 0) for j in range(width)]  # left-aligned
-            strings = np.ascontiguousarray(np.stack(cols, 1).astype(np.uint8)).view(f"S{width}").ravel()
-        else:  # some token is longer than any number needs: let the per-token path report it
-            strings = np.array([self.buf[a:b].tobytes() for a, b in zip(s, e)])
-        try:
-            return strings.astype(np.float64)
-        except ValueError:
-            pass
-        for t in part:  # error path only: name the first token that is not a number
-            try:
-                np.array([self.buf[self.starts[t]:self.ends[t]].tobytes()]).astype(np.float64)
-            except ValueError:
-                self.fail(int(t), f"a number ({what})", self.text(int(t)))
-        raise AssertionError("no bad number found")  # pragma: no cover
+        pos = np.arange(width)
+        inside = pos < lens[:, None]
+        chars = np.where(inside, self.buf[np.minimum(s[:, None] + pos, len(self.buf) - 1)], 0).astype(np.uint8)
+        ok = _float_grammar(chars, inside, lens)
+        if not ok.all():
+            t = int(part[np.argmin(ok)])
+            self.fail(t, f"a number ({what})", self.text(t))
+        return np.ascontiguousarray(chars).view(f"S{width}").ravel().astype(np.float64)
+
+
+# The number grammar, as a table-driven automaton run over all tokens at once, one character
+# position per step:  [+-]? ( digits [. digits?] | . digits ) ( [eE] [+-]? digits )?
+# Character classes: 0 other, 1 digit, 2 sign, 3 dot, 4 e/E, 5 past the token's end (keeps the
+# state). States: 0 start, 1 sign, 2 integer digits, 3 dot after digits, 4 dot without digits,
+# 5 fraction digits, 6 e, 7 exponent sign, 8 exponent digits, 9 rejected. `nan`, `inf` and
+# `infinity` (any case, signed) are accepted too, so that the finite check names them.
+_CLASS = np.zeros(256, np.uint8)
+_CLASS[48:58] = 1
+_CLASS[[43, 45]] = 2
+_CLASS[46] = 3
+_CLASS[[69, 101]] = 4
+_NEXT = np.full((10, 6), 9, np.uint8)
+_NEXT[:, 5] = np.arange(10)
+for _state, _moves in {0: {1: 2, 2: 1, 3: 4}, 1: {1: 2, 3: 4}, 2: {1: 2, 3: 3, 4: 6}, 3: {1: 5, 4: 6},
+                       4: {1: 5}, 5: {1: 5, 4: 6}, 6: {1: 8, 2: 7}, 7: {1: 8}, 8: {1: 8}}.items():
+    for _cls, _to in _moves.items():
+        _NEXT[_state, _cls] = _to
+_ACCEPT = np.zeros(10, bool)
+_ACCEPT[[2, 3, 5, 8]] = True
+_WORDS = np.array([sign + w for sign in (b"", b"+", b"-") for w in (b"nan", b"inf", b"infinity")])
+MAX_NUMBER = 256  # characters in a number token: beyond any decimal a program writes
+
+
+def _float_grammar(chars: np.ndarray, inside: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Per row of chars (tokens x width, zero-padded where not `inside` the token): is it a number?"""
+    state = np.zeros(len(chars), np.uint8)
+    cls = np.where(inside, _CLASS[chars], np.uint8(5)).T.copy()  # position-major: each step reads one row
+    table = _NEXT.ravel()
+    for j in range(chars.shape[1]):  # over character positions, not over tokens
+        state = table.take(state * np.uint8(6) + cls[j])  # uint8: 9 * 6 + 5 fits
+    ok = _ACCEPT[state]
+    other = np.flatnonzero(~ok)
+    if len(other):  # the few tokens that are not decimals may be nan or inf
+        c = chars[other]
+        lower = np.where((c >= 65) & (c <= 90), c | 32, c).astype(np.uint8)
+        words = np.ascontiguousarray(lower).view(f"S{chars.shape[1]}").ravel()
+        # a zero byte inside a token would end the string early: the length check keeps it out
+        ok[other] = np.isin(words, _WORDS) & (np.char.str_len(words) == lens[other])
+    return ok
 
 
 def _layout(token: bytes):
@@ -279,6 +317,15 @@ def indptr_of_rows(rows, m: int, path=None) -> np.ndarray:
     indptr = np.zeros(m + 1, np.int64)
     np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
     return indptr
+
+
+def strict_int(word: bytes) -> int | None:
+    """The integer [+-]?digits spells, else None: no '_', no whitespace or NUL inside, ASCII only
+    (int() itself accepts '1_000' and surrounding whitespace)."""
+    body = word[1:] if word[:1] in (b"+", b"-") else word
+    if not body or not body.isdigit():  # bytes.isdigit is ASCII 0-9 only
+        return None
+    return int(word)
 
 
 def index_dtype(shape, nnz) -> np.dtype:
@@ -338,7 +385,7 @@ def cast_values(values, dt, path, where=None):
         if bad.any():
             i = int(np.argmax(bad))
             line = where(i) if where is not None else None
-            raise FormatError(path, line, f"values representable in {dt}", f"{values[i]!r}, which overflows it")
+            raise FormatError(path, line, f"values representable in {dt}", f"{float(values[i])!r}, which overflows it")
     return cast
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import FormatError
 from ._files import check_shape
 from ._text import Tokens, _shorten, cast_values, check_finite_entries, check_indices, coo_to_csr, \
-    duplicate_reporter, indptr_of_rows, make_csr, read_bytes, value_dtype
+    duplicate_reporter, indptr_of_rows, make_csr, read_bytes, strict_int, value_dtype
 
 BANNER = "'%%MatrixMarket matrix coordinate|array real|integer|pattern general|symmetric|skew-symmetric'"
 _FIELDS = {"real", "double", "integer", "pattern"}
@@ -73,12 +73,8 @@ def _size_line(data, path, fmt):
         if text and not text.startswith(b"%"):
             break
         pos, line = end + 1, line + 1
-    words = text.split()
-    try:
-        size = [int(w) for w in words]
-    except ValueError:
-        size = None
-    if size is None or len(size) != len(layout.split()) or min(size) < 0:
+    size = [strict_int(w) for w in text.split()]
+    if None in size or len(size) != len(layout.split()) or min(size) < 0:
         raise FormatError(path, line, f"a size line '{layout}' of non-negative integers", _shorten(text))
     return line, size, min(end + 1, len(data))
 
