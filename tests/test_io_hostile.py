@@ -437,3 +437,11 @@ def test_non_finite_values_named(tmp_path, token):
 
 def test_number_tokens_have_a_length_limit(tmp_path):
     fails(write(tmp_path / "l.tsv", b"1 1 1\n2 2 " + b"1" * 300 + b"\n"), "of at most 256 characters", line=2)
+
+
+def test_odd_file_names(tmp_path):
+    with pytest.raises(FormatError, match="a file name"):
+        load(str(tmp_path / "a\x00b.tsv"))
+    long = tmp_path / ("x" * 300 + ".tsv")
+    with pytest.raises(FormatError, match="a readable file"):
+        load(long)

@@ -131,6 +131,8 @@ def open_regular(path):
         raise FormatError(p, None, "an existing file", "no such file") from None
     except OSError as e:
         raise FormatError(p, None, "a readable file", e.strerror or str(e)) from None
+    except ValueError as e:  # a NUL byte in the name
+        raise FormatError(repr(str(p)), None, "a file name", str(e)) from None
     if not stat.S_ISREG(st.st_mode):
         raise FormatError(p, None, "a regular file", _kind(st.st_mode))
     try:
