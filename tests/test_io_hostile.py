@@ -445,3 +445,18 @@ def test_odd_file_names(tmp_path):
     long = tmp_path / ("x" * 300 + ".tsv")
     with pytest.raises(FormatError, match="a readable file"):
         load(long)
+
+
+@pytest.mark.parametrize("name", ["m.tsv.gz", "m-idx3-ubyte.gz"])
+def test_gzip_header_checked_as_rfc1952_says(tmp_path, name):
+    content = b"1 1 1\n" if name.endswith("tsv.gz") else struct.pack(">IIII", 2051, 1, 2, 2) + b"\x00\x05\x00\x07"
+    good = gzip.compress(content)
+    reserved = bytearray(good)
+    reserved[3] |= 0x20  # a reserved flag bit: "must give an error indication"
+    fails(write(tmp_path / name, bytes(reserved)), "complete gzip stream")
+    hcrc = bytearray(good)
+    hcrc[3] |= 0x02  # FHCRC: a header CRC follows the header; these two bytes are not it
+    hcrc[10:10] = b"\x00\x00"
+    fails(write(tmp_path / name, bytes(hcrc)), "complete gzip stream")
+    split = gzip.compress(content[:10]) + bytes(5) + gzip.compress(content[10:]) + bytes(3)  # members, padding
+    assert load(write(tmp_path / name, split)).nnz == 1 if name.endswith("tsv.gz") else 2

@@ -15,7 +15,7 @@ The limits, all documented in `sparsegen.io`:
 """
 from __future__ import annotations
 
-import gzip
+import io
 import os
 import stat
 import zlib
@@ -168,36 +168,78 @@ def read_bytes(path) -> bytes:
 
 
 def gunzip(raw, path, limit: int | None = None) -> bytes:
-    """The concatenated members of a gzip stream, at most `limit` bytes (default: max_decompressed()).
-
-    Like gzip.decompress, zero padding after a member is allowed; anything else after it must be
-    another member. Damage, truncation and output past the limit are FormatErrors.
-    """
+    """The concatenated members of a gzip stream, at most `limit` bytes (default: max_decompressed());
+    damage, truncation and output past the limit are FormatErrors (see `Gunzip`)."""
     limit = max_decompressed() if limit is None else limit
-    out, total, rest = [], 0, memoryview(raw)
-    while True:
-        d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-        data = rest
-        while not d.eof:
-            try:
-                piece = d.decompress(data, limit - total + 1)
-            except zlib.error as e:
-                raise FormatError(path, None, "a complete gzip stream", f"zlib.error: {e}") from None
-            total += len(piece)
-            if total > limit:
-                raise FormatError(path, None, f"at most {limit} bytes after decompression "
-                                  f"(the limit {MAX_DECOMPRESSED_ENV})", "more")
-            out.append(piece)
-            data = d.unconsumed_tail
-            if not d.eof and not data:
-                raise FormatError(path, None, "a complete gzip stream",
-                                  "EOFError: the stream ends before its end-of-stream marker")
-        rest = d.unused_data.lstrip(b"\0")
-        if not rest:
-            return b"".join(out)
+    out = Gunzip(io.BytesIO(raw), path).read(limit + 1)
+    if len(out) > limit:
+        raise FormatError(path, None, f"at most {limit} bytes after decompression "
+                          f"(the limit {MAX_DECOMPRESSED_ENV})", "more")
+    return out
+
+
+class Gunzip:
+    """A gzip stream decompressed as it is read, member after member, each by zlib (RFC 1952:
+    reserved header flags and a header CRC are checked, which Python's gzip module skips). Zero
+    padding after a member is allowed, as gzip.decompress allows it; other data must be a member."""
+
+    def __init__(self, f, path):
+        self.f, self.path = f, path
+        self.d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        self.pending = b""  # compressed bytes read but not yet given to the decompressor
+        self.end = False
+
+    def _damaged(self, found):
+        raise FormatError(self.path, None, "a complete gzip stream", found)
+
+    def _read_file(self) -> bytes:
+        try:
+            return self.f.read(1 << 16)
+        except OSError as e:
+            raise FormatError(self.path, None, "a readable file", e.strerror or str(e)) from None
+
+    def _input(self) -> bytes:
+        if self.d.unconsumed_tail:
+            return self.d.unconsumed_tail
+        if self.pending:
+            data, self.pending = self.pending, b""
+            return data
+        return self._read_file()
+
+    def _next_member(self):
+        # what follows a member: input the decompressor did not use, then the rest of the file
+        rest = (self.d.unused_data + self.d.unconsumed_tail + self.pending).lstrip(b"\0")
+        self.pending = b""
+        while len(rest) < 2:
+            more = self._read_file()
+            if not more:
+                if rest:
+                    self._damaged("1 byte of other data after a member")
+                self.end = True
+                return
+            rest = (rest + more).lstrip(b"\0")
         if rest[:2] != GZIP_MAGIC:
-            raise FormatError(path, None, "a complete gzip stream (members only)",
-                              f"{len(rest)} bytes of other data after a member")
+            raise FormatError(self.path, None, "a complete gzip stream (members only)", "other data after a member")
+        self.d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        self.pending = rest
+
+    def read(self, n: int) -> bytes:
+        """Up to n bytes; fewer only at the end of the last member."""
+        parts, got = [], 0
+        while got < n and not self.end:
+            if self.d.eof:
+                self._next_member()
+                continue
+            data = self._input()
+            try:
+                piece = self.d.decompress(data, min(n - got, READ_CHUNK))
+            except zlib.error as e:
+                self._damaged(f"zlib.error: {e}")
+            if not piece and not data and not self.d.eof:
+                self._damaged("EOFError: the stream ends before its end-of-stream marker")
+            parts.append(piece)
+            got += len(piece)
+        return b"".join(parts)
 
 
 class Source:
@@ -211,30 +253,24 @@ class Source:
         self.file.seek(0)
         self.gzip = head == GZIP_MAGIC
         self.size = None if self.gzip else size
-        self.stream = gzip.GzipFile(fileobj=self.file, mode="rb") if self.gzip else self.file
+        self.stream = Gunzip(self.file, self.path) if self.gzip else self.file
         self.consumed = 0
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self.stream.close()
         self.file.close()
 
     def read(self, n: int) -> bytes:
         """Up to n bytes (fewer only at the end), read in bounded chunks; gzip damage and
         decompressed output past the limit are FormatErrors."""
-        if self.gzip and self.consumed + n > max_decompressed() + 1:
-            limit = max_decompressed()
+        limit = max_decompressed() if self.gzip else None
+        if limit is not None and self.consumed + n > limit + 1:
             n = limit + 1 - self.consumed  # read up to the limit, then say so
-        else:
-            limit = None
         parts, got = [], 0
         while got < n:
-            try:
-                part = self.stream.read(min(READ_CHUNK, n - got))
-            except (OSError, EOFError, zlib.error) as e:
-                raise FormatError(self.path, None, "a complete gzip stream", f"{type(e).__name__}: {e}") from None
+            part = self.stream.read(min(READ_CHUNK, n - got))
             if not part:
                 break
             parts.append(part)
