@@ -128,7 +128,8 @@ def ref_gunzip(raw: bytes) -> bytes:
         tail = d.unused_data
         if not d.eof or len(tail) < 8:
             raise Reject("gzip truncated")
-        if int.from_bytes(tail[:4], "little") != zlib.crc32(data) or int.from_bytes(tail[4:8], "little") != len(data) % 2**32:
+        crc, size = int.from_bytes(tail[:4], "little"), int.from_bytes(tail[4:8], "little")
+        if crc != zlib.crc32(data) or size != len(data) % 2**32:
             raise Reject("gzip trailer")
         out.append(data)
         rest = tail[8:].lstrip(b"\x00")
@@ -559,6 +560,10 @@ SIZES = [b"0", b"1", b"2", b"-1", b"-0", b"+3", b"3", b"4194304", b"99999999", b
          b"99999999999999999999999", b"1_0", b"\xef\xbc\x93", b"3\x00", b"1e3", b"", b"x"]
 
 
+def pick(rng, choices):
+    return choices[int(rng.integers(0, len(choices)))]
+
+
 def flip(rng, data: bytes) -> bytes:
     if not data:
         return b"\x00"
@@ -623,7 +628,7 @@ def header_text(rng, data: bytes, fmt: str) -> bytes:
         words = lines[i].replace(b"\t", b" ").split(b" ")
     k = int(rng.integers(0, len(words))) if fmt != "tsv" else int(rng.integers(0, min(2, len(words))))
     if fmt == "mtx" and i == 0:
-        words[k] = [b"hermitian", b"complex", b"array", b"pattern", b"skew-symmetric", b"MATRIX", b""][int(rng.integers(0, 7))]
+        words[k] = pick(rng, [b"hermitian", b"complex", b"array", b"pattern", b"skew-symmetric", b"MATRIX", b""])
     else:
         words[k] = SIZES[int(rng.integers(0, len(SIZES)))]
     sep = b", " if fmt == "smtx" and i == 0 else b" "
@@ -633,7 +638,8 @@ def header_text(rng, data: bytes, fmt: str) -> bytes:
 
 def header_idx(rng, data: bytes) -> bytes:
     field = int(rng.integers(0, 4))
-    value = [0, 1, 2, 3, 2049, 2051, 255, 2**16, 2**31, 2**32 - 1, int(rng.integers(0, 2**32))][int(rng.integers(0, 11))]
+    anything = int(rng.integers(0, 2**32))
+    value = pick(rng, [0, 1, 2, 3, 2049, 2051, 255, 2**16, 2**31, 2**32 - 1, anything])
     return data[:4 * field] + struct.pack(">I", value) + data[4 * field + 4:]
 
 
@@ -669,7 +675,7 @@ def array_edit(rng, members: dict) -> dict:
                   np.array([3.0, 3.0]), np.array([2, 2], np.uint64), [1, 1]]
         out["shape"] = np.asarray(shapes[int(rng.integers(0, len(shapes)))])
     elif op == 8:  # hostile format
-        out["format"] = np.asarray([b"csr", b"csc", b"coo", b"bsr", b"dia", b"lil", b"", "csr", b"CSR"][int(rng.integers(0, 9))])
+        out["format"] = np.asarray(pick(rng, [b"csr", b"csc", b"coo", b"bsr", b"dia", b"lil", b"", "csr", b"CSR"]))
     elif op == 9 and "data" in out and np.asarray(out["data"]).dtype.kind == "f" and np.asarray(out["data"]).size:
         d = np.asarray(out["data"]).copy()
         d.flat[int(rng.integers(0, d.size))] = [np.nan, np.inf, 1e39, -1e300, 0.0][int(rng.integers(0, 5))]

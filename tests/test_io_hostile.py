@@ -352,7 +352,8 @@ def test_idx_header_sizes(tmp_path):
     fails(p, "bytes of pixels for 4294967295 images of 4294967295x4294967295", "10 bytes (truncated)")
     gz = write(tmp_path / "h-idx3-ubyte.gz", struct.pack(">IIII", 2051, 2**32 - 1, 2**32 - 1, 2**32 - 1) + b"\x01" * 10,
                compress=True)
-    fails(gz, "bytes of pixels for 4294967295 images", "10 bytes (truncated)")  # read in chunks, never sized by the header
+    # read in chunks, never sized by the header
+    fails(gz, "bytes of pixels for 4294967295 images", "10 bytes (truncated)")
 
 
 def test_shape_rule_boundary(tmp_path):

@@ -90,7 +90,8 @@ class Arrays:
         drop = np.flatnonzero(ptr[1:] < ptr[:-1])
         if len(drop):
             i = int(drop[0])
-            self.fail(name, "non-decreasing pointers", f"pointer {i + 1} = {int(ptr[i + 1])} < pointer {i} = {int(ptr[i])}")
+            self.fail(name, "non-decreasing pointers",
+                      f"pointer {i + 1} = {int(ptr[i + 1])} < pointer {i} = {int(ptr[i])}")
         if ptr[-1] != nnz:
             self.fail(name, f"pointers ending at the number of stored entries, {nnz}", f"last pointer {int(ptr[-1])}")
 

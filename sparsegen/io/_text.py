@@ -2,8 +2,8 @@
 
 Nothing here loops in Python over lines or entries. A text file is classified byte by byte with NumPy
 (whitespace or not), its tokens located by their start/end offsets, and numbers parsed from
-fixed-width byte windows (a decimal fast path exact to the last bit, NumPy's own string parser for
-the rest). Line numbers are computed only when something is wrong.
+fixed-width byte windows (a decimal fast path exact to the last bit; for the rest, a strict grammar
+check, then NumPy's own string parser). Line numbers are computed only when something is wrong.
 """
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import FormatError
-from ._files import GZIP_MAGIC, Source, read_bytes, require_memory  # noqa: F401 (the readers' and graphchallenge's way in)
+# read_bytes is the text readers' (and graphchallenge's) way to a file
+from ._files import read_bytes, require_memory  # noqa: F401
 
 WIDE = 64  # spaces padding the text: position lookups up to WIDE before a token stay in bounds
 CHUNK = 1 << 16  # tokens per parsing step: keeps its temporary arrays in cache
@@ -229,7 +230,8 @@ class Tokens:
         lens = e - s
         long = np.flatnonzero(lens > MAX_NUMBER)
         if len(long):
-            self.fail(int(part[long[0]]), f"a number ({what}) of at most {MAX_NUMBER} characters", self.text(int(part[long[0]])))
+            t = int(part[long[0]])
+            self.fail(t, f"a number ({what}) of at most {MAX_NUMBER} characters", self.text(t))
         width = int(lens.max(initial=1))
         pos = np.arange(width)
         inside = pos < lens[:, None]
@@ -252,12 +254,21 @@ _CLASS[48:58] = 1
 _CLASS[[43, 45]] = 2
 _CLASS[46] = 3
 _CLASS[[69, 101]] = 4
-_NEXT = np.full((10, 6), 9, np.uint8)
-_NEXT[:, 5] = np.arange(10)
-for _state, _moves in {0: {1: 2, 2: 1, 3: 4}, 1: {1: 2, 3: 4}, 2: {1: 2, 3: 3, 4: 6}, 3: {1: 5, 4: 6},
-                       4: {1: 5}, 5: {1: 5, 4: 6}, 6: {1: 8, 2: 7}, 7: {1: 8}, 8: {1: 8}}.items():
-    for _cls, _to in _moves.items():
-        _NEXT[_state, _cls] = _to
+
+
+def _transitions() -> np.ndarray:
+    """next state = table[state, class]; every move not listed rejects."""
+    table = np.full((10, 6), 9, np.uint8)
+    table[:, 5] = np.arange(10)
+    moves = {0: {1: 2, 2: 1, 3: 4}, 1: {1: 2, 3: 4}, 2: {1: 2, 3: 3, 4: 6}, 3: {1: 5, 4: 6}, 4: {1: 5},
+             5: {1: 5, 4: 6}, 6: {1: 8, 2: 7}, 7: {1: 8}, 8: {1: 8}}
+    for state, row in moves.items():
+        for cls, to in row.items():
+            table[state, cls] = to
+    return table
+
+
+_NEXT = _transitions()
 _ACCEPT = np.zeros(10, bool)
 _ACCEPT[[2, 3, 5, 8]] = True
 _WORDS = np.array([sign + w for sign in (b"", b"+", b"-") for w in (b"nan", b"inf", b"infinity")])
