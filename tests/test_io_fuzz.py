@@ -871,9 +871,10 @@ def test_fuzz_inspect_cli(tmp_path):
 
 # =============================================================================== counting run
 
-def tally(formats, count, out=sys.stdout):
-    """Judge `count` inputs a format (faults and containers in turn, seed = input number), each in a
-    forked child, so that a crash is counted, not fatal; print the table docs/fuzzing.md holds."""
+def tally(formats, count, first_seed=0, out=sys.stdout):
+    """Judge `count` inputs a format (faults and containers in turn, seeds first_seed, first_seed + 1,
+    ...), each in a forked child, so that a crash is counted, not fatal; print the table
+    docs/fuzzing.md holds."""
     import collections
     import tempfile
     tmp = Path(tempfile.mkdtemp(prefix="sparsegen-fuzz-"))
@@ -881,7 +882,7 @@ def tally(formats, count, out=sys.stdout):
     examples = {}
     for fmt in formats:
         faults = FAULTS[fmt]
-        for i in range(count):
+        for i in range(first_seed, first_seed + count):
             fault = faults[i % len(faults)]
             name, data, container = make_input(fmt, i, fault, CONTAINERS[(i // len(faults)) % 3])
             path = tmp / name
@@ -907,7 +908,7 @@ def tally(formats, count, out=sys.stdout):
             table[(fmt, fault, verdict)] += 1
             examples.setdefault((fmt, verdict), (i, fault, container, details))
     verdicts = sorted({v for _, _, v in table} - {"matrix", "error"})
-    print("| format | fault | tried | correct matrix | FormatError | " + " | ".join(verdicts) + " |", file=out)
+    print("| " + " | ".join(["format", "fault", "tried", "correct matrix", "FormatError"] + verdicts) + " |", file=out)
     print("|---|---|---:|---:|---:|" + "---:|" * len(verdicts), file=out)
     for fmt in formats:
         for fault in FAULTS[fmt]:
@@ -919,5 +920,6 @@ def tally(formats, count, out=sys.stdout):
             print(f"first {fmt} {verdict}: seed {i} {fault}/{container}: {details[:300]}", file=out)
 
 
-if __name__ == "__main__":  # python tests/test_io_fuzz.py [COUNT [FORMAT ...]]
-    tally(sys.argv[2:] or list(REFERENCES), int(sys.argv[1]) if len(sys.argv) > 1 else 2000)
+if __name__ == "__main__":  # [SPARSEGEN_FUZZ_SEED=S] python tests/test_io_fuzz.py [COUNT [FORMAT ...]]
+    tally(sys.argv[2:] or list(REFERENCES), int(sys.argv[1]) if len(sys.argv) > 1 else 2000,
+          int(os.environ.get("SPARSEGEN_FUZZ_SEED", "0")))
