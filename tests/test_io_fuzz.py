@@ -681,9 +681,10 @@ def array_edit(rng, members: dict) -> dict:
         d.flat[int(rng.integers(0, d.size))] = [np.nan, np.inf, 1e39, -1e300, 0.0][int(rng.integers(0, 5))]
         out["data"] = d
     elif op == 10 and "offsets" in out and np.asarray(out["offsets"]).size:  # dia: duplicate or far offsets
-        o = np.asarray(out["offsets"]).astype(np.int64).copy()
-        o[int(rng.integers(0, o.size))] = [o[0], 2**62, -2**62, 1000][int(rng.integers(0, 4))]
-        out["offsets"] = o
+        o = np.asarray(out["offsets"]).astype(np.int64)  # of any shape an earlier edit left
+        flat = o.ravel().copy()
+        flat[int(rng.integers(0, flat.size))] = [flat[0], 2**62, -2**62, 1000][int(rng.integers(0, 4))]
+        out["offsets"] = flat.reshape(o.shape)
     else:  # data of another block shape (bsr) or a scalar member
         out[name] = np.asarray(7) if rng.random() < 0.3 else (a.reshape(-1, 1, 1) if a.size else a)
     return out
