@@ -6,7 +6,7 @@ The reference parsers below are written from the documented formats (sparsegen.i
 slowly and plainly: Python loops, regular expressions, dicts. They share nothing with the readers
 but the rules.
 
-    SPARSEGEN_FUZZ_EXAMPLES=2000   inputs per format (default 60: the CI size)
+    SPARSEGEN_FUZZ_EXAMPLES=2000   inputs per format (default 150: the CI size)
     SPARSEGEN_FUZZ_CLI=20          mutated files per format run through `python -m sparsegen inspect`
                                    in a subprocess (default 1), so that a crash is a failed test
     SPARSEGEN_FUZZ_REPORT=FILE     append one JSON line per input: format, fault, container, outcome
@@ -40,7 +40,7 @@ from sparsegen.errors import FormatError
 from sparsegen.io import load
 
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLES = int(os.environ.get("SPARSEGEN_FUZZ_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("SPARSEGEN_FUZZ_EXAMPLES", "150"))
 CLI_SAMPLES = int(os.environ.get("SPARSEGEN_FUZZ_CLI", "1"))
 REPORT = os.environ.get("SPARSEGEN_FUZZ_REPORT")
 HANG_SECONDS = 30
