@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from .errors import FormatError
+from .errors import FormatError, SparsegenError
 
 __all__ = [
     "LengthStats", "Footprint", "TileStats", "MatrixStats",
@@ -63,6 +63,26 @@ class LengthStats:
             std=std,
             cov=std / mean if mean > 0 else 0.0,
             empty=int(np.count_nonzero(lengths == 0)),
+        )
+
+    @classmethod
+    def of_counts(cls, counts: np.ndarray, size: int) -> "LengthStats":
+        """The stats of `size` lengths of which only the nonzero ones, `counts`, are given: no
+        array of `size` entries is made (a huge, nearly empty axis costs O(len(counts)))."""
+        if size == 0:
+            return cls(0, 0, 0.0, 0.0, 0.0, 0)
+        empty = size - counts.size
+        mean = float(counts.sum()) / size
+        # population variance: the nonzero lengths' squared deviations plus the empty ones' mean**2
+        var = (float(np.square(counts - mean).sum()) + empty * mean * mean) / size
+        std = float(np.sqrt(var))
+        return cls(
+            min=0 if empty else int(counts.min()),
+            max=int(counts.max()) if counts.size else 0,
+            mean=mean,
+            std=std,
+            cov=std / mean if mean > 0 else 0.0,
+            empty=int(empty),
         )
 
     def to_dict(self) -> dict:
@@ -296,13 +316,25 @@ def values_hash(csr) -> str:
 
 
 def analyze(matrix) -> MatrixStats:
-    """Statistics of a canonical CSR matrix (sorted indices, no duplicates)."""
+    """Statistics of a canonical CSR matrix (sorted indices, no duplicates).
+
+    Memory is O(rows + nnz): per-column and per-tile arrays are used only while they stay
+    O(nnz) or small. A matrix too large for this machine is a SparsegenError, not a MemoryError.
+    """
     csr = _require_canonical_csr(matrix)
+    try:
+        return _analyze(csr)
+    except MemoryError as e:
+        m, n = csr.shape
+        raise SparsegenError(f"analyzing a {m} x {n} matrix with {csr.nnz} nonzeros ran out of memory "
+                             f"({e or 'MemoryError'})") from None
+
+
+def _analyze(csr) -> MatrixStats:
     m, n = (int(x) for x in csr.shape)
     nnz = int(csr.nnz)
     rl = row_lengths(csr)
     rows_cm, first = _column_major_rows(csr)
-    cl = col_lengths(csr)
 
     fps = []
     for b in FOOTPRINT_BLOCK_ROWS:
@@ -321,7 +353,7 @@ def analyze(matrix) -> MatrixStats:
         nnz=nnz,
         density=nnz / (m * n) if m * n else 0.0,
         row_lengths=LengthStats.of(rl),
-        col_lengths=LengthStats.of(cl),
+        col_lengths=_col_length_stats(csr, first),
         row_length_percentiles=percentiles,
         footprint=tuple(fps),
         ell_padding=ell_padding(rl, ELL_SLICE_ROWS),
@@ -349,18 +381,42 @@ def _require_canonical_csr(matrix):
     return matrix
 
 
+def _by_columns(csr) -> bool:
+    """Whether per-column arrays (length n) stay O(nnz) or small; else columns are found by sorting."""
+    return csr.shape[1] <= max(2 * csr.nnz, _MIN_BINCOUNT_TILES)
+
+
 def _column_major_rows(csr) -> tuple[np.ndarray, np.ndarray]:
     """Row index of every nonzero in column-major order, and a mask of each column's first one.
 
     scipy's csr->csc conversion (a counting sort) emits rows in ascending order within each
-    column, which `_block_footprints` relies on.
+    column, which `_block_footprints` relies on; so does the stable sort by column used instead
+    when the matrix has far more columns than nonzeros (no array of n entries).
     """
-    csc = csr.tocsc()
-    ptr = np.asarray(csc.indptr, dtype=np.int64)
-    rows = csc.indices[: ptr[-1]]
-    first = np.zeros(rows.size, dtype=bool)
-    first[ptr[:-1][ptr[1:] > ptr[:-1]]] = True
+    if _by_columns(csr):
+        csc = csr.tocsc()
+        ptr = np.asarray(csc.indptr, dtype=np.int64)
+        rows = csc.indices[: ptr[-1]]
+        first = np.zeros(rows.size, dtype=bool)
+        first[ptr[:-1][ptr[1:] > ptr[:-1]]] = True
+        return rows, first
+    nnz = int(csr.nnz)
+    cols = csr.indices[:nnz]
+    order = np.argsort(cols, kind="stable")  # CSR order is row-major: rows ascend within each column
+    rows = np.repeat(np.arange(csr.shape[0], dtype=np.int64), row_lengths(csr))[order]
+    c = cols[order]
+    first = np.ones(nnz, dtype=bool)
+    first[1:] = c[1:] != c[:-1]
     return rows, first
+
+
+def _col_length_stats(csr, first: np.ndarray) -> LengthStats:
+    """Column-length stats; past O(nnz) columns, from the nonempty columns' counts alone."""
+    if _by_columns(csr):
+        return LengthStats.of(col_lengths(csr))
+    starts = np.flatnonzero(first)
+    counts = np.diff(np.append(starts, first.size))
+    return LengthStats.of_counts(counts, csr.shape[1])
 
 
 def _block_footprints(rows: np.ndarray, first: np.ndarray, m: int, block_rows: int) -> np.ndarray:

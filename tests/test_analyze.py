@@ -529,3 +529,39 @@ def test_graphchallenge_layer1():
 MEASURED_L1_FOOTPRINTS = {32: (528.0, 528), 64: (1024.0, 1024), 128: (1024.0, 1024),
                           256: (1024.0, 1024)}
 MEASURED_L1_TILES = TileStats(128, 64, 128, 128, 256, 256.0, 0.0, (128,) + (0,) * 9)
+
+
+# A matrix with far more columns than nonzeros: the analysis allocates nothing per column.
+
+def test_wide_matrix_analysis_is_proportional_to_nnz():
+    n = 10**12  # one array of n entries would need 8 TB
+    a = sp.csr_matrix((np.float32([1, 2, 3]), np.array([5, n - 1, 700]), np.array([0, 2, 3])), shape=(2, n))
+    s = analyze(a)
+    assert s.shape == (2, n) and s.nnz == 3
+    mean = 3 / n
+    assert s.col_lengths == LengthStats(0, 1, approx(mean), approx(math.sqrt(mean - mean * mean)),
+                                        approx(math.sqrt(mean - mean * mean) / mean), n - 3)
+    assert footprint_table(s)[32] == (3.0, 3)
+    assert s.tiles.nonempty == 3
+
+
+def test_column_sort_path_equals_the_counting_path(monkeypatch):
+    a = sp.random(300, 2000, density=0.001, format="csr", random_state=3, dtype=np.float32)
+    a.sum_duplicates()
+    dense_path = analyze(a)
+    monkeypatch.setattr(an, "_MIN_BINCOUNT_TILES", 0)  # 2000 columns > 2 * nnz: the sort path
+    assert not an._by_columns(a)
+    sparse_path = analyze(a)
+    c, d = sparse_path.col_lengths, dense_path.col_lengths
+    assert (c.min, c.max, c.empty) == (d.min, d.max, d.empty)
+    assert (c.mean, c.std, c.cov) == (approx(d.mean), approx(d.std), approx(d.cov))
+    assert sparse_path.footprint == dense_path.footprint
+    assert sparse_path.tiles == dense_path.tiles
+
+
+def test_analysis_out_of_memory_is_a_sparsegen_error(monkeypatch):
+    def no_memory(csr):
+        raise MemoryError("Unable to allocate 8 TiB")
+    monkeypatch.setattr(an, "_analyze", no_memory)
+    with pytest.raises(an.SparsegenError, match=r"analyzing a 2 x 3 matrix .* out of memory \(Unable to allocate 8 TiB\)"):
+        analyze(csr_from_dense([[1, 0, 0], [0, 0, 1]]))

@@ -16,6 +16,16 @@ when the shape and nnz fit (int64 otherwise), floating values (float32 unless `d
 
 Every malformed file raises `FormatError(path, line, expected, found)` (line is None for binary
 formats); a missing file too. Duplicate entries are errors in tsv, mtx and smtx.
+
+Files are untrusted (sparsegen/io/_files.py):
+- only regular files are read: a FIFO, a device, a socket or a directory is a FormatError at once;
+- gzip is decompressed to at most SPARSEGEN_MAX_DECOMPRESSED_BYTES bytes (default 4 GiB);
+- a shape must be backed by the file: rows + cols <= 2**22 + 16 per byte of content (after
+  decompression), whether the shape is declared (mtx size line, smtx header, npz shape, idx
+  header) or inferred (tsv's largest indices); a shape= option is the caller's and is not limited;
+- an allocation past the memory available is a SparsegenError saying how much it needs;
+- .npz arrays are checked before the matrix is built (never by scipy's converters), and so are
+  the arrays of a scipy matrix given to as_csr.
 """
 from __future__ import annotations
 
@@ -24,9 +34,9 @@ from pathlib import Path
 
 import scipy.sparse as sp
 
-from ..errors import FormatError
+from ..errors import FormatError, SparsegenError
 from . import idx, mtx, npz, smtx, tsv
-from ._text import as_csr as _as_csr
+from ._arrays import as_csr as _as_csr
 
 READERS = {"tsv": tsv.read, "mtx": mtx.read, "npz": npz.read, "smtx": smtx.read, "idx": idx.read}
 FORMATS = tuple(READERS)
@@ -62,7 +72,10 @@ def load(path, format: str | None = None, **options) -> sp.csr_matrix:
         format = detect_format(path)
     elif format not in READERS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
-    return READERS[format](path, **options)
+    try:
+        return READERS[format](path, **options)
+    except MemoryError as e:  # the readers ask for memory first; this is what their estimates missed
+        raise SparsegenError(f"{path}: reading it ran out of memory ({e or 'MemoryError'})") from None
 
 
 def as_csr(matrix, dtype=None) -> sp.csr_matrix:

@@ -2,76 +2,22 @@
 
 Nothing here loops in Python over lines or entries. A text file is classified byte by byte with NumPy
 (whitespace or not), its tokens located by their start/end offsets, and numbers parsed from
-fixed-width byte windows (a decimal fast path exact to the last bit, NumPy's own string parser for
-the rest). Line numbers are computed only when something is wrong.
+fixed-width byte windows (a decimal fast path exact to the last bit; for the rest, a strict grammar
+check, then NumPy's own string parser). Line numbers are computed only when something is wrong.
 """
 from __future__ import annotations
-
-import gzip
-import os
-import zlib
-from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 
 from ..errors import FormatError
+# read_bytes is the text readers' (and graphchallenge's) way to a file
+from ._files import read_bytes, require_memory  # noqa: F401
 
-GZIP_MAGIC = b"\x1f\x8b"
 WIDE = 64  # spaces padding the text: position lookups up to WIDE before a token stay in bounds
 CHUNK = 1 << 16  # tokens per parsing step: keeps its temporary arrays in cache
 _P10_FLT = 10.0 ** np.arange(23)  # every power here is exact in float64, so one multiply/divide rounds once
 INT32_MAX = np.iinfo(np.int32).max
-
-
-# ---------------------------------------------------------------------------------------------- files
-
-def _check_file(path) -> Path:
-    p = Path(os.fspath(path))
-    if not p.exists():
-        raise FormatError(p, None, "an existing file", "no such file")
-    if p.is_dir():
-        raise FormatError(p, None, "a file", "a directory")
-    return p
-
-
-def read_bytes(path) -> bytes:
-    """The file's bytes, gunzipped when they start with the gzip magic (whatever the name says)."""
-    p = _check_file(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise FormatError(p, None, "a readable file", e.strerror or str(e)) from None
-    if raw[:2] == GZIP_MAGIC:
-        try:
-            return gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as e:
-            raise FormatError(p, None, "a complete gzip stream", f"{type(e).__name__}: {e}") from None
-    if p.name.lower().endswith(".gz"):
-        raise FormatError(p, None, "gzip data (the name ends in .gz)", f"first bytes {raw[:4]!r}")
-    return raw
-
-
-def open_binary(path):
-    """A binary stream of the file, gunzipping transparently; for readers that need only a prefix."""
-    p = _check_file(path)
-    try:
-        f = open(p, "rb")
-    except OSError as e:
-        raise FormatError(p, None, "a readable file", e.strerror or str(e)) from None
-    if f.read(2) == GZIP_MAGIC:
-        f.seek(0)
-        return gzip.GzipFile(fileobj=f, mode="rb")
-    f.seek(0)
-    return f
-
-
-def read_prefix(stream, n: int, path) -> bytes:
-    """Up to n bytes of stream (fewer only at its end); gzip damage becomes a FormatError."""
-    try:
-        return stream.read(n)
-    except (OSError, EOFError, zlib.error) as e:
-        raise FormatError(path, None, "a complete gzip stream", f"{type(e).__name__}: {e}") from None
 
 
 def value_dtype(dtype) -> np.dtype:
@@ -100,6 +46,8 @@ class Tokens:
         stop = len(data) if stop is None else stop
         self.data, self.path, self.first_line, self.start = data, path, first_line, start
         n = stop - start
+        # the byte buffer, its whitespace mask and two offsets per token: about 11 bytes a byte
+        require_memory(11 * n, f"tokenizing {n} bytes of text", path)
         # WIDE spaces on both sides: every window of <= WIDE bytes around a token stays in bounds,
         # and a token can neither begin at index 0 nor run off the end.
         buf = np.full(n + 2 * WIDE, 32, np.uint8)
@@ -276,25 +224,73 @@ class Tokens:
         return np.where(neg, -v, v), fast
 
     def _floats_slow(self, part, what):
-        """NumPy's string-to-float parser (nan, inf, long mantissas, mixed layouts)."""
+        """Tokens checked against the strict grammar of a decimal number (`_float_grammar`), then
+        parsed by NumPy's correctly rounded string-to-float; anything else is a FormatError."""
         s, e = self.starts[part], self.ends[part]
         lens = e - s
+        long = np.flatnonzero(lens > MAX_NUMBER)
+        if len(long):
+            t = int(part[long[0]])
+            self.fail(t, f"a number ({what}) of at most {MAX_NUMBER} characters", self.text(t))
         width = int(lens.max(initial=1))
-        if width <= WIDE:
-            cols = [np.where(lens > j, self.buf[s + j], 0) for j in range(width)]  # left-aligned
-            strings = np.ascontiguousarray(np.stack(cols, 1).astype(np.uint8)).view(f"S{width}").ravel()
-        else:  # some token is longer than any number needs: let the per-token path report it
-            strings = np.array([self.buf[a:b].tobytes() for a, b in zip(s, e)])
-        try:
-            return strings.astype(np.float64)
-        except ValueError:
-            pass
-        for t in part:  # error path only: name the first token that is not a number
-            try:
-                np.array([self.buf[self.starts[t]:self.ends[t]].tobytes()]).astype(np.float64)
-            except ValueError:
-                self.fail(int(t), f"a number ({what})", self.text(int(t)))
-        raise AssertionError("no bad number found")  # pragma: no cover
+        pos = np.arange(width)
+        inside = pos < lens[:, None]
+        chars = np.where(inside, self.buf[np.minimum(s[:, None] + pos, len(self.buf) - 1)], 0).astype(np.uint8)
+        ok = _float_grammar(chars, inside, lens)
+        if not ok.all():
+            t = int(part[np.argmin(ok)])
+            self.fail(t, f"a number ({what})", self.text(t))
+        return np.ascontiguousarray(chars).view(f"S{width}").ravel().astype(np.float64)
+
+
+# The number grammar, as a table-driven automaton run over all tokens at once, one character
+# position per step:  [+-]? ( digits [. digits?] | . digits ) ( [eE] [+-]? digits )?
+# Character classes: 0 other, 1 digit, 2 sign, 3 dot, 4 e/E, 5 past the token's end (keeps the
+# state). States: 0 start, 1 sign, 2 integer digits, 3 dot after digits, 4 dot without digits,
+# 5 fraction digits, 6 e, 7 exponent sign, 8 exponent digits, 9 rejected. `nan`, `inf` and
+# `infinity` (any case, signed) are accepted too, so that the finite check names them.
+_CLASS = np.zeros(256, np.uint8)
+_CLASS[48:58] = 1
+_CLASS[[43, 45]] = 2
+_CLASS[46] = 3
+_CLASS[[69, 101]] = 4
+
+
+def _transitions() -> np.ndarray:
+    """next state = table[state, class]; every move not listed rejects."""
+    table = np.full((10, 6), 9, np.uint8)
+    table[:, 5] = np.arange(10)
+    moves = {0: {1: 2, 2: 1, 3: 4}, 1: {1: 2, 3: 4}, 2: {1: 2, 3: 3, 4: 6}, 3: {1: 5, 4: 6}, 4: {1: 5},
+             5: {1: 5, 4: 6}, 6: {1: 8, 2: 7}, 7: {1: 8}, 8: {1: 8}}
+    for state, row in moves.items():
+        for cls, to in row.items():
+            table[state, cls] = to
+    return table
+
+
+_NEXT = _transitions()
+_ACCEPT = np.zeros(10, bool)
+_ACCEPT[[2, 3, 5, 8]] = True
+_WORDS = np.array([sign + w for sign in (b"", b"+", b"-") for w in (b"nan", b"inf", b"infinity")])
+MAX_NUMBER = 256  # characters in a number token: beyond any decimal a program writes
+
+
+def _float_grammar(chars: np.ndarray, inside: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Per row of chars (tokens x width, zero-padded where not `inside` the token): is it a number?"""
+    state = np.zeros(len(chars), np.uint8)
+    cls = np.where(inside, _CLASS[chars], np.uint8(5)).T.copy()  # position-major: each step reads one row
+    table = _NEXT.ravel()
+    for j in range(chars.shape[1]):  # over character positions, not over tokens
+        state = table.take(state * np.uint8(6) + cls[j])  # uint8: 9 * 6 + 5 fits
+    ok = _ACCEPT[state]
+    other = np.flatnonzero(~ok)
+    if len(other):  # the few tokens that are not decimals may be nan or inf
+        c = chars[other]
+        lower = np.where((c >= 65) & (c <= 90), c | 32, c).astype(np.uint8)
+        words = np.ascontiguousarray(lower).view(f"S{chars.shape[1]}").ravel()
+        # a zero byte inside a token would end the string early: the length check keeps it out
+        ok[other] = np.isin(words, _WORDS) & (np.char.str_len(words) == lens[other])
+    return ok
 
 
 def _layout(token: bytes):
@@ -326,6 +322,23 @@ def _layout(token: bytes):
 
 # --------------------------------------------------------------------------------------- matrices
 
+def indptr_of_rows(rows, m: int, path=None) -> np.ndarray:
+    """int64 row pointers (length m + 1) of entries whose sorted 0-based row indices are `rows`."""
+    require_memory(16 * (m + 1), f"building the row pointers of {m} rows", path)
+    indptr = np.zeros(m + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
+    return indptr
+
+
+def strict_int(word: bytes) -> int | None:
+    """The integer [+-]?digits spells, else None: no '_', no whitespace or NUL inside, ASCII only
+    (int() itself accepts '1_000' and surrounding whitespace)."""
+    body = word[1:] if word[:1] in (b"+", b"-") else word
+    if not body or not body.isdigit():  # bytes.isdigit is ASCII 0-9 only
+        return None
+    return int(word)
+
+
 def index_dtype(shape, nnz) -> np.dtype:
     return np.dtype(np.int32 if max(max(shape, default=0), nnz) <= INT32_MAX else np.int64)
 
@@ -340,7 +353,7 @@ def make_csr(data, indices, indptr, shape) -> sp.csr_matrix:
     return m
 
 
-def coo_to_csr(rows, cols, vals, shape, *, duplicate):
+def coo_to_csr(rows, cols, vals, shape, *, duplicate, path=None):
     """Canonical CSR from 0-based, in-range COO. `duplicate(i, j)` is called with the positions of
     two equal (row, col) entries, i before j in the input, and must raise."""
     m, n = shape
@@ -359,9 +372,7 @@ def coo_to_csr(rows, cols, vals, shape, *, duplicate):
         if same.any():
             _report_duplicate(np.unique(np.stack([rows, cols], 1), axis=0, return_inverse=True)[1], duplicate)
         rows, cols, vals = r, c, vals[order]
-    indptr = np.zeros(m + 1, np.int64)
-    np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
-    return make_csr(vals, cols, indptr, (m, n))
+    return make_csr(vals, cols, indptr_of_rows(rows, m, path), (m, n))
 
 
 def _report_duplicate(key, duplicate):
@@ -376,46 +387,6 @@ def _report_duplicate(key, duplicate):
     duplicate(earlier, later)
 
 
-def as_csr(matrix, dtype=None, *, path=None) -> sp.csr_matrix:
-    """Canonical CSR of a scipy sparse matrix/array or a dense 2-D array (see sparsegen.io.as_csr)."""
-    if sp.issparse(matrix):
-        if matrix.ndim != 2:
-            raise FormatError(path, None, "a 2-D matrix", f"a {matrix.ndim}-D sparse array")
-        _check_value_dtype(matrix.dtype, path)
-        if _canonical_float_csr(matrix, dtype):  # the common case: no copy, only the finite check
-            csr = matrix if isinstance(matrix, sp.csr_matrix) else sp.csr_matrix(matrix, copy=False)
-            _check_finite(csr.data, path, lambda i: (int(np.searchsorted(csr.indptr, i, side="right")) - 1,
-                                                    int(csr.indices[i])))
-            return csr
-        csr = sp.csr_matrix(matrix, copy=True)  # never mutate the caller's matrix
-        csr.sum_duplicates()  # also sorts indices
-        values, indices, indptr, shape = csr.data, csr.indices, csr.indptr, csr.shape
-        def position(i):
-            return int(np.searchsorted(indptr, i, side="right")) - 1, int(indices[i])
-    else:
-        a = np.asarray(matrix)
-        if a.ndim != 2:
-            raise FormatError(path, None, "a 2-D matrix", f"an array of shape {a.shape}")
-        _check_value_dtype(a.dtype, path)
-        r, indices = np.nonzero(a)  # row-major order: already canonical; NaN and inf are nonzero
-        values, shape = a[r, indices], a.shape
-        indptr = np.zeros(shape[0] + 1, np.int64)
-        np.cumsum(np.bincount(r, minlength=shape[0]), out=indptr[1:])
-        def position(i):
-            return int(r[i]), int(indices[i])
-    _check_finite(values, path, position)
-    dt = value_dtype(dtype) if dtype is not None else (
-        values.dtype if values.dtype.kind == "f" else np.dtype(np.float32))
-    return make_csr(cast_values(values, dt, path), indices, indptr, shape)
-
-
-def _canonical_float_csr(matrix, dtype) -> bool:
-    """Already what as_csr would return: CSR, sorted, no duplicates, float values of the asked dtype."""
-    return (matrix.format == "csr" and matrix.dtype.kind == "f" and matrix.dtype.itemsize >= 4
-            and (dtype is None or value_dtype(dtype) == matrix.dtype)
-            and matrix.indices.dtype == matrix.indptr.dtype and matrix.has_canonical_format)
-
-
 def cast_values(values, dt, path, where=None):
     """values as dt, refusing finite values that overflow it (1e300 as float32 would become inf)."""
     with np.errstate(over="ignore"):  # overflow is checked right below
@@ -425,17 +396,20 @@ def cast_values(values, dt, path, where=None):
         if bad.any():
             i = int(np.argmax(bad))
             line = where(i) if where is not None else None
-            raise FormatError(path, line, f"values representable in {dt}", f"{values[i]!r}, which overflows it")
+            raise FormatError(path, line, f"values representable in {dt}", f"{float(values[i])!r}, which overflows it")
     return cast
 
 
-def _check_value_dtype(dt, path):
+def check_value_dtype(dt, path, what: str | None = None):
+    """Values must be real numbers: bool, integer or float."""
     if dt.kind not in "biuf":
         kind = "complex" if dt.kind == "c" else "non-numeric"
-        raise FormatError(path, None, "real numeric values (bool, integer or float)", f"{kind} dtype {dt}")
+        expected = "real numeric values (bool, integer or float)"
+        raise FormatError(path, None, f"{what}: {expected}" if what else expected, f"{kind} dtype {dt}")
 
 
-def _check_finite(values, path, position):
+def check_finite(values, path, position):
+    """NaN/inf values are a FormatError naming how many and where the first is (position(i) -> (row, col))."""
     if values.dtype.kind != "f":
         return
     bad = ~np.isfinite(values)

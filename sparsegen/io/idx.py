@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import FormatError
-from ._text import make_csr, open_binary, read_prefix, value_dtype
+from ._files import Source, check_shape
+from ._text import indptr_of_rows, make_csr, value_dtype
 
 IMAGES = 2051
 _KNOWN = {2049: "an IDX labels file", 2051: "an IDX image file"}
@@ -23,27 +24,28 @@ def read(path, *, limit=None, order="C", dtype=np.float32):
         raise ValueError(f"order must be 'C' (row-major) or 'F' (column-major), not {order!r}")
     if limit is not None and (int(limit) != limit or limit < 0):
         raise ValueError(f"limit must be a non-negative integer or None, not {limit!r}")
-    with open_binary(path) as f:
-        head = read_prefix(f, 16, path)
+    with Source(path) as f:
+        head = f.read(16)
         n, rows, cols = _header(head, path)
         k = n if limit is None else min(int(limit), n)
         need = k * rows * cols
-        payload = read_prefix(f, need, path)
+        what = f"{need} bytes of pixels for {k} images of {rows}x{cols}"
+        if f.size is not None and need > f.size - 16:  # a plain file's size settles it before any read
+            raise FormatError(path, None, what, f"{f.size - 16} bytes (truncated)")
+        payload = f.read(need)
         if len(payload) < need:
-            raise FormatError(path, None, f"{need} bytes of pixels for {k} images of {rows}x{cols}",
-                              f"{len(payload)} bytes (truncated)")
-        if k == n and read_prefix(f, 1, path):
+            raise FormatError(path, None, what, f"{len(payload)} bytes (truncated)")
+        if k == n and f.read(1):
             raise FormatError(path, None, f"{need} bytes of pixels for {n} images (the header's count)",
                               "more bytes after them")
+    check_shape(path, (k, rows * cols), 16 + need, source=f"{k} images of {rows}x{cols} pixels")
     pixels = np.frombuffer(payload, np.uint8).reshape(k, rows, cols)
     if order == "F":
         pixels = pixels.transpose(0, 2, 1)
     flat = pixels.reshape(k, rows * cols)
     r, c = np.nonzero(flat)  # row-major order: already canonical CSR order
-    indptr = np.zeros(k + 1, np.int64)
-    np.cumsum(np.bincount(r, minlength=k), out=indptr[1:])
     vals = (flat[r, c] / 255.0).astype(dt)  # in float64, then rounded once to dt
-    return make_csr(vals, c, indptr, (k, rows * cols))
+    return make_csr(vals, c, indptr_of_rows(r, k, path), (k, rows * cols))
 
 
 def _header(head, path):

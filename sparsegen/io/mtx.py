@@ -13,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import FormatError
+from ._files import check_shape
 from ._text import Tokens, _shorten, cast_values, check_finite_entries, check_indices, coo_to_csr, \
-    duplicate_reporter, make_csr, read_bytes, value_dtype
+    duplicate_reporter, indptr_of_rows, make_csr, read_bytes, strict_int, value_dtype
 
 BANNER = "'%%MatrixMarket matrix coordinate|array real|integer|pattern general|symmetric|skew-symmetric'"
 _FIELDS = {"real", "double", "integer", "pattern"}
@@ -32,6 +33,7 @@ def parse(data: bytes, *, path="<bytes>", dtype=np.float32):
         raise FormatError(path, None, f"a {BANNER} header", "an empty file")
     fmt, field, symmetry = _banner(data, path)
     size_line, size, body = _size_line(data, path, fmt)
+    check_shape(path, size[:2], len(data), line=size_line, source="the size line")
     tok = Tokens(data, path, first_line=size_line + 1, start=body)
     m, n = size[:2]
     if symmetry != "general" and m != n:
@@ -71,12 +73,8 @@ def _size_line(data, path, fmt):
         if text and not text.startswith(b"%"):
             break
         pos, line = end + 1, line + 1
-    words = text.split()
-    try:
-        size = [int(w) for w in words]
-    except ValueError:
-        size = None
-    if size is None or len(size) != len(layout.split()) or min(size) < 0:
+    size = [strict_int(w) for w in text.split()]
+    if None in size or len(size) != len(layout.split()) or min(size) < 0:
         raise FormatError(path, line, f"a size line '{layout}' of non-negative integers", _shorten(text))
     return line, size, min(end + 1, len(data))
 
@@ -116,7 +114,8 @@ def _coordinate(tok, path, field, symmetry, size, size_line, dt):
         rows, cols = np.concatenate([rows, cols[mirror]]), np.concatenate([cols, rows[mirror]])
         vals = np.concatenate([vals, sign * vals[mirror]])
         entry_of = np.concatenate([np.arange(nnz), mirror])
-    return coo_to_csr(rows, cols, vals, (m, n), duplicate=duplicate_reporter(tok, width, rows, cols, 1, entry_of))
+    return coo_to_csr(rows, cols, vals, (m, n), duplicate=duplicate_reporter(tok, width, rows, cols, 1, entry_of),
+                      path=path)
 
 
 def _array(tok, path, field, symmetry, m, n, dt):
@@ -145,6 +144,4 @@ def _array(tok, path, field, symmetry, m, n, dt):
         dense[r, c] = vals
         dense[c, r] = vals if symmetry == "symmetric" else -vals
     r, c = np.nonzero(dense)
-    indptr = np.zeros(m + 1, np.int64)
-    np.cumsum(np.bincount(r, minlength=m), out=indptr[1:])
-    return make_csr(np.ascontiguousarray(dense[r, c]), c, indptr, (m, n))
+    return make_csr(np.ascontiguousarray(dense[r, c]), c, indptr_of_rows(r, m, path), (m, n))

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import FormatError
-from ._text import Tokens, _shorten, make_csr, read_bytes, value_dtype
+from ._files import check_shape
+from ._text import Tokens, _shorten, make_csr, read_bytes, strict_int, value_dtype
 
 HEADER = "a header line 'nrows, ncols, nnz'"
 
@@ -32,6 +33,7 @@ def parse(data: bytes, *, path="<bytes>", values="random", seed=0, dtype=np.floa
         raise FormatError(path, None, HEADER, "an empty file")
     lines = data.split(b"\n", 3)  # header, offsets, columns, rest: a few copies, no per-entry work
     m, n, nnz = _header(lines[0], path)
+    check_shape(path, (m, n), len(data), line=1, source="the header")
     offsets = _offsets(lines, path, m, nnz)
     cols = _columns(lines, path, n, nnz, offsets)
     rest = lines[3] if len(lines) > 3 else b""
@@ -47,11 +49,10 @@ def parse(data: bytes, *, path="<bytes>", values="random", seed=0, dtype=np.floa
 
 
 def _header(text, path):
-    words = text.replace(b",", b" ").split()
-    try:
-        m, n, nnz = (int(w) for w in words)
-    except ValueError:
-        raise FormatError(path, 1, HEADER + " of 3 integers", _shorten(text.strip())) from None
+    size = [strict_int(w) for w in text.replace(b",", b" ").split()]
+    if len(size) != 3 or None in size:
+        raise FormatError(path, 1, HEADER + " of 3 integers", _shorten(text.strip()))
+    m, n, nnz = size
     if min(m, n, nnz) < 0:
         raise FormatError(path, 1, HEADER + " of non-negative integers", _shorten(text.strip()))
     return m, n, nnz
