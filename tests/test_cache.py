@@ -1,6 +1,7 @@
 """The on-disk cache: atomic writes, checked reads, corruption as a miss, concurrent writers."""
 from __future__ import annotations
 
+import hashlib
 import importlib
 import logging
 import os
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import sparsegen
-from sparsegen.cache import Cache, default_dir, key, pack_arrays, unpack_arrays, unwrap, wrap
+from sparsegen.cache import Cache, default_dir, enabled, key, pack_arrays, unpack_arrays, unwrap, wrap
 
 from .helpers import random_csr
 
@@ -184,3 +185,148 @@ def test_two_processes_racing_on_the_same_cubin(tmp_path):
         assert p.returncode == 0, err
     cubins = Cache(tmp_path, active=True).entries("cubin")
     assert len(cubins) == 1 and unwrap(cubins[0].path.read_bytes())[:4] == b"\x7fELF"
+
+
+# Behaviour pinned value by value: flags, digests, byte layouts, temporaries and counts.
+
+@pytest.mark.parametrize("value", ["1", "true", "yes", "on", "TRUE", " On ", "Yes\n"])
+def test_every_spelling_that_disables_the_cache(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("SPARSEGEN_DISABLE_CACHE", value)
+    assert not enabled() and not Cache(tmp_path).active
+
+
+@pytest.mark.parametrize("value", ["", "0", "false", "no", "off", "OFF", " 0 "])
+def test_every_spelling_that_keeps_the_cache_on(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("SPARSEGEN_DISABLE_CACHE", value)
+    assert enabled() and Cache(tmp_path).active
+
+
+def test_unset_flag_keeps_the_cache_on(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPARSEGEN_DISABLE_CACHE", raising=False)
+    assert enabled() and Cache(tmp_path).active
+
+
+def test_active_argument_overrides_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARSEGEN_DISABLE_CACHE", "1")
+    assert Cache(tmp_path, active=True).active
+    monkeypatch.setenv("SPARSEGEN_DISABLE_CACHE", "0")
+    assert not Cache(tmp_path, active=False).active
+
+
+def test_a_disabled_cache_does_not_read_an_existing_entry(tmp_path):
+    k = key("present")
+    Cache(tmp_path, active=True).put("plan", k, b"stored")
+    assert Cache(tmp_path, active=True).get("plan", k) == b"stored"
+    assert Cache(tmp_path, active=False).get("plan", k) is None
+
+
+def test_key_digest_is_sha256_of_length_prefixed_parts():
+    assert key() == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # sha256 of nothing
+    spelled = b"\x01\x00\x00\x00\x00\x00\x00\x00" b"a" b"\x02\x00\x00\x00\x00\x00\x00\x00" b"17"
+    assert key("a", 17) == hashlib.sha256(spelled).hexdigest()
+    assert key(b"a", "17") == key("a", 17)
+
+
+def test_envelope_byte_layout():
+    # magic, payload length (u64 LE), CRC-32 of b"abc" (0x352441C2, u32 LE), payload
+    expected = b"SGC1" + b"\x03\x00\x00\x00\x00\x00\x00\x00" + b"\xc2\x41\x24\x35" + b"abc"
+    assert wrap(b"abc") == expected
+    assert bytes(unwrap(expected)) == b"abc"
+    assert bytes(unwrap(b"SGC1" + b"\x00" * 8 + b"\x00" * 4)) == b""  # an empty payload is valid (CRC 0)
+
+
+@pytest.mark.parametrize("cut", [1, 16])
+def test_envelope_shorter_than_its_header_or_length_is_foreign(cut):
+    blob = wrap(b"abc")
+    assert unwrap(blob[:-cut]) is None
+    assert unwrap(blob + b"x") is None  # longer than its length field
+
+
+def test_envelope_with_wrong_magic_length_or_crc_is_rejected():
+    good = bytearray(wrap(b"abc"))
+    for at in (0, 4, 12):  # magic, length, crc
+        bad = bytearray(good)
+        bad[at] ^= 1
+        assert unwrap(bytes(bad)) is None, at
+
+
+def test_packed_arrays_byte_layout():
+    import numpy as np
+
+    header = (b'{"arrays": {"x": {"dtype": "<i2", "offset": 0, "shape": [2]}, '
+              b'"y": {"dtype": "|u1", "offset": 64, "shape": [3]}}, "meta": {"a": 1}}')
+    assert len(header) == 131
+    expected = (b"SGPLAN1\x00" + b"\x83\x00\x00\x00\x00\x00\x00\x00" + header + b"\x00" * (192 - 147)
+                + b"\x01\x00\x02\x00" + b"\x00" * 60 + b"\x07\x08\x09" + b"\x00" * 61)
+    packed = pack_arrays({"a": 1}, {"x": np.array([1, 2], dtype="<i2"), "y": np.array([7, 8, 9], np.uint8)})
+    assert packed == expected
+    meta, arrays = unpack_arrays(expected)
+    assert meta == {"a": 1}
+    assert arrays["x"].tolist() == [1, 2] and arrays["x"].dtype == np.dtype("<i2")
+    assert arrays["y"].tolist() == [7, 8, 9] and arrays["y"].dtype == np.uint8
+    assert not arrays["x"].flags.writeable
+
+
+def test_packed_arrays_keep_their_shape():
+    import numpy as np
+
+    _, arrays = unpack_arrays(pack_arrays({}, {"m": np.arange(6, dtype=np.float32).reshape(2, 3)}))
+    assert arrays["m"].shape == (2, 3) and arrays["m"][1, 2] == 5.0
+
+
+def test_unpack_rejects_a_payload_without_the_plan_magic():
+    import numpy as np
+
+    packed = bytearray(pack_arrays({}, {"x": np.zeros(2, np.int32)}))
+    packed[7] = 1  # the magic's last byte
+    with pytest.raises(ValueError, match="not a sparsegen plan"):
+        unpack_arrays(bytes(packed))
+
+
+def test_failed_write_removes_its_temporary_file(tmp_path, monkeypatch, caplog):
+    c = Cache(tmp_path, active=True)
+    k = key("fails")
+
+    def refuse(src, dst):
+        raise PermissionError(13, "refused", dst)
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
+        assert c.put("plan", k, b"data") is None
+    assert "cannot write" in caplog.text and caplog.records[0].name == "sparsegen.cache"
+    assert list(c.path("plan", k).parent.iterdir()) == []
+
+
+def test_interrupted_write_removes_its_temporary_file_and_reraises(tmp_path, monkeypatch):
+    c = Cache(tmp_path, active=True)
+    k = key("interrupted")
+
+    def interrupt(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        c.put("plan", k, b"data")
+    assert list(c.path("plan", k).parent.iterdir()) == []
+
+
+def test_entries_lists_entries_and_not_temporary_files(tmp_path):
+    c = Cache(tmp_path, active=True)
+    a, b = key("a"), key("b")
+    c.put("plan", a, b"1234")
+    c.put("stats", b, b"12")
+    (c.path("plan", a).parent / f".tmp-abc{'.plan'}").write_bytes(b"half")
+    listed = {(e.kind, e.key, e.size) for e in c.entries()}
+    assert listed == {("plan", a, 16 + 4), ("stats", b, 16 + 2)}
+    assert [e.key for e in c.entries("stats")] == [b]
+    assert c.entries("cubin") == []
+
+
+def test_clear_counts_exactly_what_it_removed(tmp_path):
+    c = Cache(tmp_path, active=True)
+    for i in range(3):
+        c.put("plan", key("p", i), b"x")
+    c.put("tune", key("t"), b"{}")
+    assert c.clear() == 4
+    assert c.entries() == [] and c.clear() == 0
+    assert not any((tmp_path / kd).exists() for kd in ("plan", "tune"))
