@@ -12,7 +12,9 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
+import stat
 import struct
 import tempfile
 import zlib
@@ -20,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .errors import SparsegenError
 
 log = logging.getLogger("sparsegen.cache")
 
@@ -31,6 +35,15 @@ _HEAD = struct.Struct("<4sQI")  # magic, payload length, crc32
 KINDS = {"cubin": ".cubin", "plan": ".plan", "format": ".fmt", "stats": ".stats", "tune": ".json"}
 ENV_DIR = "SPARSEGEN_CACHE_DIR"
 ENV_DISABLE = "SPARSEGEN_DISABLE_CACHE"
+ENV_MAX_BYTES = "SPARSEGEN_CACHE_MAX_BYTES"
+# The largest LLM benchmark weight (12288 x 49152 at 50 %) leaves 3.1 GB of encodings that all its N
+# share; a smaller cap would evict them between one N and the next.
+DEFAULT_MAX_BYTES = 4 << 30
+TMP_PREFIX = ".tmp-"
+# O_NOFOLLOW: a link swapped in after the lstat is not followed; O_NONBLOCK: a FIFO swapped in does
+# not block the open (fstat then rejects it).
+_READ_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+               | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
 
 
 def key(*parts) -> str:
@@ -65,6 +78,16 @@ def enabled() -> bool:
     return os.environ.get(ENV_DISABLE, "").strip().lower() not in ("1", "true", "yes", "on")
 
 
+def max_bytes() -> int:
+    """`SPARSEGEN_CACHE_MAX_BYTES`, a whole number of bytes; else DEFAULT_MAX_BYTES."""
+    raw = os.environ.get(ENV_MAX_BYTES, "").strip()
+    if not raw:
+        return DEFAULT_MAX_BYTES
+    if not re.fullmatch(r"[0-9]+", raw):
+        raise SparsegenError(f"{ENV_MAX_BYTES}={raw!r}: expected a whole number of bytes, e.g. {DEFAULT_MAX_BYTES}")
+    return int(raw)
+
+
 def wrap(payload: bytes) -> bytes:
     return _HEAD.pack(MAGIC, len(payload), zlib.crc32(payload)) + payload
 
@@ -92,24 +115,25 @@ class Entry:
 class Cache:
     """One cache directory with a subdirectory per kind of entry."""
 
-    def __init__(self, root: Path | str | None = None, active: bool | None = None):
+    def __init__(self, root: Path | str | None = None, active: bool | None = None, limit: int | None = None):
         self.root = Path(root) if root is not None else default_dir()
         self.active = enabled() if active is None else active
+        self.max_bytes = max_bytes() if limit is None else limit
 
     def path(self, kind: str, k: str) -> Path:
         return self.root / kind / k[:2] / (k + KINDS[kind])
 
     def get(self, kind: str, k: str):
-        """The entry's payload (bytes-like), or None on a miss."""
+        """The entry's payload (a read-only bytes-like view), or None on a miss."""
         if not self.active:
             return None
         path = self.path(kind, k)
         try:
-            blob = path.read_bytes()
+            blob = _read_entry(path, self.max_bytes)
         except FileNotFoundError:
             return None
-        except OSError as exc:
-            log.warning("cache: cannot read %s (%s); treating as a miss", path, exc)
+        except (_Skip, OSError) as exc:
+            log.warning("cache: skipping %s (%s); treating it as a miss", path, exc)
             return None
         payload = unwrap(blob)
         if payload is None:
@@ -122,7 +146,7 @@ class Cache:
         path = self.path(kind, k)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=KINDS[kind])
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=KINDS[kind])
             try:
                 with os.fdopen(fd, "wb") as fh:
                     fh.write(wrap(payload))
@@ -137,17 +161,25 @@ class Cache:
         return path
 
     def entries(self, kind: str | None = None) -> list[Entry]:
+        """Every entry: regular files only, found without following links, temporaries left out."""
         out = []
-        for kd in ([kind] if kind else list(KINDS)):
-            base = self.root / kd
-            if not base.is_dir():
+        for kd, item in self._files([kind] if kind else list(KINDS)):
+            suffix = KINDS[kd]
+            if item.name.startswith(TMP_PREFIX) or not item.name.endswith(suffix):
                 continue
-            for p in sorted(base.glob(f"*/*{KINDS[kd]}")):
-                if p.name.startswith(".tmp-"):
-                    continue
-                st = p.stat()
-                out.append(Entry(kd, p.name[: -len(KINDS[kd])], p, st.st_size, st.st_mtime))
+            try:
+                st = item.stat(follow_symlinks=False)
+            except OSError:  # removed meanwhile
+                continue
+            out.append(Entry(kd, item.name[: -len(suffix)], Path(item.path), st.st_size, st.st_mtime))
         return out
+
+    def _files(self, kinds):
+        """(kind, DirEntry) of each regular file in a kind's shard directories; links are not followed."""
+        for kd in kinds:
+            for shard in _listing(self.root / kd):
+                if shard.is_dir(follow_symlinks=False):
+                    yield from ((kd, f) for f in _listing(shard.path) if f.is_file(follow_symlinks=False))
 
     def clear(self) -> int:
         """Remove every entry (and stray temporaries); returns how many entries were removed."""
@@ -155,6 +187,59 @@ class Cache:
         for kd in KINDS:
             shutil.rmtree(self.root / kd, ignore_errors=True)
         return count
+
+
+class _Skip(Exception):
+    """Something that must not be read sits where an entry belongs; the message says what."""
+
+
+def _read_entry(path: Path, limit: int):
+    """The bytes of the regular file at `path` (a read-only view), read without following a link and
+    never more than `limit` bytes. FileNotFoundError is a plain miss; _Skip names what is in the way."""
+    for directory in (path.parent.parent, path.parent):
+        mode = os.lstat(directory).st_mode
+        if not stat.S_ISDIR(mode):
+            raise _Skip(f"{directory} is not a directory but {stat.filemode(mode)}")
+    _check_regular(os.lstat(path), limit)
+    fd = os.open(path, _READ_FLAGS)
+    try:
+        st = os.fstat(fd)
+        _check_regular(st, limit)
+        return _read_exactly(fd, st.st_size)
+    finally:
+        os.close(fd)
+
+
+def _check_regular(st: os.stat_result, limit: int) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise _Skip(f"not a regular file: {stat.filemode(st.st_mode)}")
+    if st.st_size > limit:
+        raise _Skip(f"{st.st_size} bytes, over the {limit}-byte bound ({ENV_MAX_BYTES})")
+
+
+def _read_exactly(fd: int, size: int):
+    """`size` bytes, or fewer when the file shrank since fstat (the envelope check then fails)."""
+    buf = bytearray(size)
+    view, got = memoryview(buf), 0
+    with open(fd, "rb", buffering=0, closefd=False) as fh:
+        while got < size:
+            n = fh.readinto(view[got:])
+            if not n:
+                break
+            got += n
+    return view[:got].toreadonly()
+
+
+def _listing(path) -> list:
+    """The DirEntry objects of a real directory (not a link to one), by name; none when it is absent
+    or unreadable."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return []
+        with os.scandir(path) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError:
+        return []
 
 
 class _quiet:

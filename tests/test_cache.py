@@ -5,15 +5,18 @@ import hashlib
 import importlib
 import logging
 import os
+import stat
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 
 import sparsegen
-from sparsegen.cache import Cache, default_dir, enabled, key, pack_arrays, unpack_arrays, unwrap, wrap
+from sparsegen.errors import SparsegenError
+from sparsegen.cache import Cache, default_dir, enabled, key, max_bytes, pack_arrays, unpack_arrays, unwrap, wrap
 
 from .helpers import random_csr
 
@@ -330,3 +333,120 @@ def test_clear_counts_exactly_what_it_removed(tmp_path):
     assert c.clear() == 4
     assert c.entries() == [] and c.clear() == 0
     assert not any((tmp_path / kd).exists() for kd in ("plan", "tune"))
+
+
+# Entries that are not regular files: skipped with a logged miss, never read, never followed.
+
+def _within(seconds, fn):
+    """fn()'s result; fails the test instead of hanging when fn blocks."""
+    result = []
+    worker = threading.Thread(target=lambda: result.append(fn()), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"blocked for more than {seconds} s"
+    return result[0]
+
+
+def _obstacle(tmp_path, what):
+    """A cache whose plan entry `k` is replaced by `what`; returns (cache, k, path)."""
+    c = Cache(tmp_path / "c", active=True)
+    k = key("obstacle", what)
+    path = c.path("plan", k)
+    path.parent.mkdir(parents=True)
+    outside = tmp_path / "outside.plan"
+    outside.write_bytes(wrap(b"planted"))  # a valid envelope: reading it through a link is the bug
+    if what == "directory":
+        path.mkdir()
+        (path / "inner").write_bytes(b"x")
+    elif what == "fifo":
+        os.mkfifo(path)
+    elif what == "dangling link":
+        path.symlink_to(tmp_path / "nowhere")
+    elif what == "link outside":
+        path.symlink_to(outside)
+    elif what == "link to /dev/zero":
+        path.symlink_to("/dev/zero")
+    elif what == "link to fifo":
+        os.mkfifo(tmp_path / "fifo")
+        path.symlink_to(tmp_path / "fifo")
+    elif what == "device":
+        try:
+            os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 5))  # the node of /dev/zero
+        except PermissionError:
+            pytest.skip("mknod needs CAP_MKNOD; the link to /dev/zero covers a device reached by a link")
+    return c, k, path
+
+
+OBSTACLES = ["directory", "fifo", "dangling link", "link outside", "link to /dev/zero", "link to fifo", "device"]
+
+
+@pytest.mark.parametrize("what", OBSTACLES)
+def test_an_entry_that_is_not_a_regular_file_is_a_logged_miss(tmp_path, caplog, what):
+    c, k, path = _obstacle(tmp_path, what)
+    with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
+        assert _within(10, lambda: c.get("plan", k)) is None
+    assert f"skipping {path}" in caplog.text and "not a regular file" in caplog.text
+    assert c.entries() == []
+
+
+def test_a_shard_directory_that_is_a_link_is_not_followed(tmp_path, caplog):
+    c = Cache(tmp_path / "c", active=True)
+    k = key("shard link")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / (k + ".plan")).write_bytes(wrap(b"planted"))
+    (tmp_path / "c" / "plan").mkdir(parents=True)
+    c.path("plan", k).parent.symlink_to(elsewhere)
+    with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
+        assert c.get("plan", k) is None
+    assert "is not a directory" in caplog.text
+    assert c.entries() == []
+
+
+def test_a_kind_directory_that_is_a_link_is_not_followed(tmp_path, caplog):
+    c = Cache(tmp_path / "c", active=True)
+    k = key("kind link")
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / k[:2]).mkdir(parents=True)
+    (elsewhere / k[:2] / (k + ".plan")).write_bytes(wrap(b"planted"))
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "plan").symlink_to(elsewhere)
+    with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
+        assert c.get("plan", k) is None
+    assert "is not a directory" in caplog.text
+    assert c.entries() == []
+
+
+def test_an_entry_at_the_size_bound_is_read_and_one_byte_over_is_a_miss(tmp_path, caplog):
+    k = key("bound")
+    path = Cache(tmp_path, active=True).put("plan", k, b"0123456789")
+    assert path.stat().st_size == 26  # 16-byte envelope + 10
+    assert bytes(Cache(tmp_path, active=True, limit=26).get("plan", k)) == b"0123456789"
+    with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
+        assert Cache(tmp_path, active=True, limit=25).get("plan", k) is None
+    assert "26 bytes, over the 25-byte bound" in caplog.text
+
+
+def test_read_payload_is_read_only(tmp_path):
+    c = Cache(tmp_path, active=True)
+    c.put("plan", key("ro"), b"abc")
+    with pytest.raises(TypeError):
+        c.get("plan", key("ro"))[0] = 1
+
+
+def test_max_bytes_default_and_setting(monkeypatch):
+    monkeypatch.delenv("SPARSEGEN_CACHE_MAX_BYTES", raising=False)
+    assert max_bytes() == 4294967296 == Cache().max_bytes
+    monkeypatch.setenv("SPARSEGEN_CACHE_MAX_BYTES", "  ")
+    assert max_bytes() == 4294967296
+    monkeypatch.setenv("SPARSEGEN_CACHE_MAX_BYTES", "1000")
+    assert max_bytes() == 1000 == Cache().max_bytes
+    monkeypatch.setenv("SPARSEGEN_CACHE_MAX_BYTES", "0")
+    assert max_bytes() == 0
+
+
+@pytest.mark.parametrize("value", ["2G", "-1", "1e9", "1.5", "1_000", "\u0662"])
+def test_max_bytes_rejects_anything_but_a_whole_number(monkeypatch, value):
+    monkeypatch.setenv("SPARSEGEN_CACHE_MAX_BYTES", value)
+    with pytest.raises(SparsegenError, match="SPARSEGEN_CACHE_MAX_BYTES=.*expected a whole number of bytes"):
+        Cache()
