@@ -123,21 +123,21 @@ class Cache:
     def path(self, kind: str, k: str) -> Path:
         return self.root / kind / k[:2] / (k + KINDS[kind])
 
-    def get(self, kind: str, k: str):
-        """The entry's payload (a read-only bytes-like view), or None on a miss."""
+    def get(self, kind: str, k: str, arch: str | None = None):
+        """The entry's payload (a read-only bytes-like view), or None on a miss. A cubin entry must
+        also be a CUDA ELF file, for `arch` when it is given."""
         if not self.active:
             return None
         path = self.path(kind, k)
         try:
-            blob = _read_entry(path, self.max_bytes)
+            payload = _payload(path, self.max_bytes)
+            if kind == "cubin" and (problem := cubin_problem(payload, arch)):
+                raise _Skip(f"not a cubin for {arch or 'any arch'}: {problem}")
         except FileNotFoundError:
             return None
         except (_Skip, OSError) as exc:
             log.warning("cache: skipping %s (%s); treating it as a miss", path, exc)
             return None
-        payload = unwrap(blob)
-        if payload is None:
-            log.warning("cache: corrupt or truncated entry %s; it will be rewritten", path)
         return payload
 
     def put(self, kind: str, k: str, payload: bytes) -> Path | None:
@@ -190,7 +190,14 @@ class Cache:
 
 
 class _Skip(Exception):
-    """Something that must not be read sits where an entry belongs; the message says what."""
+    """An entry that must not be used: the message says why."""
+
+
+def _payload(path: Path, limit: int):
+    payload = unwrap(_read_entry(path, limit))
+    if payload is None:
+        raise _Skip("corrupt or truncated; it will be rewritten")
+    return payload
 
 
 def _read_entry(path: Path, limit: int):
@@ -240,6 +247,43 @@ def _listing(path) -> list:
             return sorted(it, key=lambda e: e.name)
     except OSError:
         return []
+
+
+EM_CUDA = 190
+# The ELF64 header up to e_flags: e_ident (magic, class, data, version, OS ABI, ABI version, padding),
+# e_type, e_machine, e_version, e_entry, e_phoff, e_shoff, e_flags.
+_ELF64 = struct.Struct("<4sBBBBB7xHHIQQQI")
+_SM_RE = re.compile(r"sm_([0-9]+)[af]?")
+
+
+def cubin_problem(blob, arch: str | None) -> str | None:
+    """Why `blob` is not a cubin for `arch` (for any arch when None), or None when it is one."""
+    if len(blob) < _ELF64.size:
+        return "shorter than an ELF header"
+    magic, elf_class, data, _, _, abi, _, machine, _, _, _, _, flags = _ELF64.unpack_from(blob)
+    if magic != b"\x7fELF" or elf_class != 2 or data != 1:
+        return "not a 64-bit little-endian ELF file"
+    if machine != EM_CUDA:
+        return f"e_machine {machine}, not EM_CUDA ({EM_CUDA})"
+    sm = cubin_sm(abi, flags)
+    if sm is None:
+        return f"CUDA ELF ABI version {abi}, whose e_flags sparsegen cannot read"
+    wanted = _SM_RE.fullmatch(arch or "")
+    if arch is not None and (wanted is None or int(wanted.group(1)) != sm):
+        return f"built for sm_{sm}"
+    return None
+
+
+def cubin_sm(abi_version: int, flags: int) -> int | None:
+    """The SM number in a cubin's e_flags (field names from LLVM's BinaryFormat/ELF.h). ABI version 7
+    (ELFABIVERSION_CUDA_V1) keeps it in bits 0-7 (EF_CUDA_SM); version 8 (ELFABIVERSION_CUDA_V2, what
+    nvcc 13.0 writes for every arch: sm_80 0x06005004, sm_90 0x06005a04, sm_120 0x06007802) in bits
+    8-15 (EF_CUDA_SM_MASK). The a/f suffix is not in version 8's flags, so only the number is compared."""
+    if abi_version == 7:
+        return flags & 0xFF
+    if abi_version == 8:
+        return (flags >> 8) & 0xFF
+    return None
 
 
 class _quiet:

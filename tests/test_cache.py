@@ -16,20 +16,28 @@ import pytest
 
 import sparsegen
 from sparsegen.errors import SparsegenError
-from sparsegen.cache import Cache, default_dir, enabled, key, max_bytes, pack_arrays, unpack_arrays, unwrap, wrap
+from sparsegen.cache import Cache, cubin_problem, cubin_sm, default_dir, enabled, key, max_bytes, pack_arrays, unpack_arrays, unwrap, wrap
 
 from .helpers import random_csr
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+def elf_header(abi=8, flags=0x06005A04, magic=b"\x7fELF", elf_class=2, data=1, machine=190) -> bytes:
+    """A 64-byte ELF64 header spelled field by field (defaults: what nvcc 13.0 writes for sm_90)."""
+    return (magic + bytes([elf_class, data, 1, 0x41, abi]) + bytes(7)  # e_ident
+            + (2).to_bytes(2, "little") + machine.to_bytes(2, "little") + (1).to_bytes(4, "little")
+            + bytes(24) + flags.to_bytes(4, "little") + bytes(12))
+
+
 def test_round_trip_and_layout(tmp_path):
     c = Cache(tmp_path, active=True)
     k = key("x", 1)
+    cubin = elf_header() + b"sections"
     assert c.get("cubin", k) is None
-    path = c.put("cubin", k, b"payload")
+    path = c.put("cubin", k, cubin)
     assert path == tmp_path / "cubin" / k[:2] / f"{k}.cubin"
-    assert c.get("cubin", k) == b"payload"
+    assert c.get("cubin", k, arch="sm_90") == cubin
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".tmp-")]
 
 
@@ -450,3 +458,75 @@ def test_max_bytes_rejects_anything_but_a_whole_number(monkeypatch, value):
     monkeypatch.setenv("SPARSEGEN_CACHE_MAX_BYTES", value)
     with pytest.raises(SparsegenError, match="SPARSEGEN_CACHE_MAX_BYTES=.*expected a whole number of bytes"):
         Cache()
+
+
+# Cubin entries: a CUDA ELF file for the requested arch, or a miss.
+
+@pytest.mark.parametrize("abi, flags, sm", [
+    (8, 0x06005A04, 90), (8, 0x06005004, 80), (8, 0x06007802, 120),  # nvcc 13.0's own values
+    (7, 0x005A055A, 90), (7, 0x00500550, 80),  # EF_CUDA_SM in bits 0-7, virtual SM in 16-23
+])
+def test_cubin_sm_from_e_flags(abi, flags, sm):
+    assert cubin_sm(abi, flags) == sm
+    assert cubin_problem(elf_header(abi, flags), f"sm_{sm}") is None
+    assert cubin_problem(elf_header(abi, flags), f"sm_{sm + 1}") == f"built for sm_{sm}"
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_90a", "sm_90f", None])
+def test_cubin_suffixes_and_no_arch_accept_the_same_number(arch):
+    assert cubin_problem(elf_header(), arch) is None
+
+
+@pytest.mark.parametrize("arch", ["sm_9", "sm_900", "sm_90x", "compute_90", "90", ""])
+def test_cubin_for_another_spelling_is_refused(arch):
+    assert cubin_problem(elf_header(), arch) == "built for sm_90"
+
+
+@pytest.mark.parametrize("header, problem", [
+    (elf_header(magic=b"\x7fELG"), "not a 64-bit little-endian ELF file"),
+    (elf_header(elf_class=1), "not a 64-bit little-endian ELF file"),
+    (elf_header(data=2), "not a 64-bit little-endian ELF file"),
+    (elf_header(machine=62), "e_machine 62, not EM_CUDA (190)"),
+    (elf_header(abi=9), "CUDA ELF ABI version 9, whose e_flags sparsegen cannot read"),
+    (elf_header(abi=6), "CUDA ELF ABI version 6, whose e_flags sparsegen cannot read"),
+    (elf_header()[:51], "shorter than an ELF header"),
+    (b"payload", "shorter than an ELF header"),
+])
+def test_cubin_problems(header, problem):
+    assert cubin_problem(header, "sm_90") == problem
+    assert cubin_problem(header, None) == problem
+
+
+def test_cubin_header_of_exactly_52_bytes_is_read():
+    assert cubin_problem(elf_header()[:52], "sm_90") is None
+
+
+def test_cubin_entry_for_another_arch_or_not_a_cubin_is_a_logged_miss(tmp_path, caplog):
+    c = Cache(tmp_path, active=True)
+    c.put("cubin", key("80"), elf_header(flags=0x06005004))
+    c.put("cubin", key("text"), b"#!/bin/sh\necho not a cubin, but long enough to hold a header\n")
+    with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
+        assert c.get("cubin", key("80"), arch="sm_90") is None
+        assert c.get("cubin", key("text")) is None
+    assert "not a cubin for sm_90: built for sm_80" in caplog.text
+    assert "not a cubin for any arch: not a 64-bit little-endian ELF file" in caplog.text
+    assert c.get("cubin", key("80"), arch="sm_80") is not None and c.get("cubin", key("80")) is not None
+
+
+def test_other_kinds_are_not_checked_as_cubins(tmp_path):
+    c = Cache(tmp_path, active=True)
+    c.put("plan", key("p"), b"not an ELF")
+    assert bytes(c.get("plan", key("p"), arch="sm_90")) == b"not an ELF"
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_120"])
+def test_cubins_nvcc_builds_carry_their_arch(tmp_path, arch):
+    from sparsegen import nvcc
+
+    cubin = nvcc.compile_cubin('extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1.0f; }', arch)
+    assert cubin_problem(cubin, arch) is None
+    assert cubin_problem(cubin, "sm_86") == f"built for {arch}"
+    c = Cache(tmp_path, active=True)
+    c.put("cubin", key(arch), cubin)
+    assert c.get("cubin", key(arch), arch=arch) == cubin and c.get("cubin", key(arch), arch="sm_86") is None
