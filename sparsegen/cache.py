@@ -182,11 +182,11 @@ class Cache:
                     yield from ((kd, f) for f in _listing(shard.path) if f.is_file(follow_symlinks=False))
 
     def clear(self) -> int:
-        """Remove every entry (and stray temporaries); returns how many entries were removed."""
-        count = len(self.entries())
-        for kd in KINDS:
-            shutil.rmtree(self.root / kd, ignore_errors=True)
-        return count
+        """Empties each kind's directory of whatever is in it: entries, temporaries, and anything in
+        an entry's place (a directory, a FIFO, a link: the link, never its target), or in the place of
+        a kind's or shard's directory. Returns how many of those names it removed; one it cannot
+        remove is logged and not counted."""
+        return sum(_clear(self.root / kd, 2) for kd in KINDS)
 
 
 class _Skip(Exception):
@@ -235,6 +235,52 @@ def _read_exactly(fd: int, size: int):
                 break
             got += n
     return view[:got].toreadonly()
+
+
+def _clear(path: Path, depth: int) -> int:
+    """Removes `path`, emptying it name by name first when it is a real directory `depth` levels above
+    the entries; returns how many names it removed at entry level or in a directory's place."""
+    try:
+        is_dir = stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return 0
+    if depth == 0 or not is_dir:
+        return _remove(path)
+    _open_up(path)
+    removed = sum(_clear(Path(e.path), depth - 1) for e in _listing(path))
+    with _quiet():
+        os.rmdir(path)
+    return removed
+
+
+def _remove(path: Path) -> int:
+    """1 once `path` (a link itself, never what it points to) is gone; 0, logged, when it stays."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            _open_up_tree(path)
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except OSError as exc:
+        log.warning("cache: cannot remove %s (%s)", path, exc)
+        return 0
+    return 1
+
+
+def _open_up_tree(top: Path) -> None:
+    _open_up(top)
+    for parent, dirs, _ in os.walk(top):  # top-down: each directory is opened before it is listed
+        for d in dirs:
+            _open_up(os.path.join(parent, d))
+
+
+def _open_up(path) -> None:
+    """Gives the owner read, write and search permission on a real directory that lacks them, so that
+    it can be listed and emptied; a link is left alone."""
+    with _quiet():
+        mode = os.lstat(path).st_mode
+        if stat.S_ISDIR(mode) and mode & 0o700 != 0o700:
+            os.chmod(path, stat.S_IMODE(mode) | 0o700)
 
 
 def _listing(path) -> list:

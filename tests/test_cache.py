@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 from pathlib import Path
@@ -530,3 +533,104 @@ def test_cubins_nvcc_builds_carry_their_arch(tmp_path, arch):
     c = Cache(tmp_path, active=True)
     c.put("cubin", key(arch), cubin)
     assert c.get("cubin", key(arch), arch=arch) == cubin and c.get("cubin", key(arch), arch="sm_86") is None
+
+
+# clear(): whatever is in the cache goes, links but never their targets, and the count is exact.
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def shared_tmp():
+    """A directory that another user can reach (pytest's tmp_path is private to this user)."""
+    path = Path(tempfile.mkdtemp(prefix="sparsegen-cache-test-"))
+    os.chmod(path, 0o755)
+    yield path
+    subprocess.run(["chmod", "-R", "u+rwx", str(path)], check=False)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _give_to_nobody(top: Path):
+    """When this is root, everything under `top` (links themselves) becomes the user nobody's."""
+    if os.geteuid() == 0:
+        for parent, dirs, files in os.walk(top):
+            for name in [parent, *(os.path.join(parent, n) for n in dirs + files)]:
+                os.chown(name, NOBODY, NOBODY, follow_symlinks=False)
+
+
+def _as_unprivileged(fn):
+    """fn()'s result (JSON-able), run where file permissions hold: here when this is not root, else in
+    a forked child that becomes the user nobody."""
+    if os.geteuid() != 0:
+        return fn()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            os.write(write, json.dumps(fn()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as fh:
+        out = fh.read()
+    assert os.waitpid(pid, 0)[1] == 0 and out, "the unprivileged child failed"
+    return json.loads(out)
+
+
+def _cluttered_cache(root: Path, outside: Path) -> Cache:
+    """Ten names to remove: 3 entries (one unreadable, one in an unreadable shard), a temporary file,
+    a FIFO, a dangling link, a link to a file outside, a directory in an entry's place, a file in a
+    shard's place and a link in a kind's place."""
+    c = Cache(root, active=True)
+    (outside / "dir").mkdir(parents=True)
+    (outside / "file").write_bytes(b"keep me")
+    (outside / "dir" / "inner").write_bytes(b"keep me too")
+    a, b, d = c.put("plan", "aa" + "1" * 62, b"1"), c.put("plan", "aa" + "2" * 62, b"2"), c.put("plan", "bb" + "3" * 62, b"3")
+    shard = a.parent
+    (shard / ".tmp-x.plan").write_bytes(b"half")
+    os.mkfifo(shard / "fifo.plan")
+    (shard / "dangling.plan").symlink_to(outside / "nowhere")
+    (shard / "outside.plan").symlink_to(outside / "file")
+    (shard / "dir.plan" / "deeper").mkdir(parents=True)
+    (shard / "dir.plan" / "deeper" / "f").write_bytes(b"x")
+    os.chmod(shard / "dir.plan" / "deeper", 0)
+    os.chmod(b, 0)
+    os.chmod(d.parent, 0)
+    (root / "plan" / "cc").write_bytes(b"a file where a shard belongs")
+    (root / "stats").symlink_to(outside / "dir")
+    (root / "cubin").mkdir()
+    return c
+
+
+def test_clear_removes_everything_and_counts_it(shared_tmp):
+    root, outside = shared_tmp / "cache", shared_tmp / "outside"
+    c = _cluttered_cache(root, outside)
+    (root / "README.md").write_text("not the cache's to remove")
+    _give_to_nobody(shared_tmp)
+    count, left = _as_unprivileged(lambda: (c.clear(), sorted(os.listdir(root))))
+    assert count == 10
+    assert left == ["README.md"]
+    assert (outside / "file").read_bytes() == b"keep me"
+    assert (outside / "dir" / "inner").read_bytes() == b"keep me too"
+
+
+def test_clear_of_an_empty_or_missing_cache_is_zero(tmp_path):
+    assert Cache(tmp_path / "missing", active=True).clear() == 0
+    (tmp_path / "empty" / "plan" / "aa").mkdir(parents=True)
+    assert Cache(tmp_path / "empty", active=True).clear() == 0
+    assert not (tmp_path / "empty" / "plan").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a name the cache's owner cannot remove")
+def test_clear_does_not_count_what_it_cannot_remove(shared_tmp):
+    root = shared_tmp / "cache"
+    c = Cache(root, active=True)
+    c.put("plan", "aa" + "1" * 62, b"1")
+    _give_to_nobody(shared_tmp)
+    stuck = c.put("plan", "bb" + "2" * 62, b"2")  # root's, in a shard of root's: nobody cannot remove it
+    os.chmod(stuck.parent, 0o755)
+    assert len(c.entries()) == 2
+    assert _as_unprivileged(c.clear) == 1
+    assert stuck.exists() and c.entries() == [c.entries()[0]] and c.entries()[0].path == stuck
