@@ -141,21 +141,19 @@ class Cache:
         return payload
 
     def put(self, kind: str, k: str, payload: bytes) -> Path | None:
+        """Stores `payload`; returns its path, or None when the cache is off or cannot be written
+        (logged: a read-only or full cache must not break compilation). Whatever sits in the way of
+        the entry or its directories (a file, a FIFO, a link, a directory) is removed first."""
         if not self.active:
             return None
         path = self.path(kind, k)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=KINDS[kind])
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(wrap(payload))
-                os.replace(tmp, path)
-            except BaseException:
-                with _quiet():
-                    os.unlink(tmp)
-                raise
-        except OSError as exc:  # a read-only or full cache must not break compilation
+            self.root.mkdir(parents=True, exist_ok=True)
+            _real_dir(path.parent.parent)
+            _real_dir(path.parent)
+            _make_way(path)
+            _publish(path, wrap(payload), KINDS[kind])
+        except OSError as exc:
             log.warning("cache: cannot write %s (%s)", path, exc)
             return None
         return path
@@ -235,6 +233,43 @@ def _read_exactly(fd: int, size: int):
                 break
             got += n
     return view[:got].toreadonly()
+
+
+def _real_dir(path: Path) -> None:
+    """Makes `path` a directory of ours that we can write: a file, FIFO or link in its place (the
+    link, never its target) is removed, a missing one is made private, a read-only one is opened."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISDIR(mode):
+        os.unlink(path)
+        mode = None
+    if mode is None:
+        with _quiet():  # another writer may make it first
+            os.mkdir(path, 0o700)
+    _open_up(path)
+
+
+def _make_way(path: Path) -> None:
+    """os.replace puts the entry in place of a file, FIFO or link, but not of a directory."""
+    with _quiet():
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            _remove(path)
+
+
+def _publish(path: Path, blob: bytes, suffix: str) -> None:
+    """Writes a temporary file next to `path` and renames it over `path`; the temporary file is gone
+    afterwards whatever happens."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=suffix)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(blob)
+        os.replace(tmp, path)
+    except BaseException:
+        with _quiet():
+            os.unlink(tmp)
+        raise
 
 
 def _clear(path: Path, depth: int) -> int:

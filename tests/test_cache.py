@@ -569,14 +569,20 @@ def _as_unprivileged(fn):
         try:
             os.setgid(NOBODY)
             os.setuid(NOBODY)
-            os.write(write, json.dumps(fn()).encode())
+            reply = [True, fn()]
+        except BaseException as exc:
+            reply = [False, repr(exc)]
+        try:
+            os.write(write, json.dumps(reply).encode())
         finally:
             os._exit(0)
     os.close(write)
     with os.fdopen(read, "rb") as fh:
         out = fh.read()
-    assert os.waitpid(pid, 0)[1] == 0 and out, "the unprivileged child failed"
-    return json.loads(out)
+    os.waitpid(pid, 0)
+    ok, value = json.loads(out) if out else (False, "no reply")
+    assert ok, f"the unprivileged child failed: {value}"
+    return value
 
 
 def _cluttered_cache(root: Path, outside: Path) -> Cache:
@@ -634,3 +640,62 @@ def test_clear_does_not_count_what_it_cannot_remove(shared_tmp):
     assert len(c.entries()) == 2
     assert _as_unprivileged(c.clear) == 1
     assert stuck.exists() and c.entries() == [c.entries()[0]] and c.entries()[0].path == stuck
+
+
+# Writes repair what sits in the way.
+
+def _in_the_way(root: Path, k: str, what: str, outside: Path) -> Path:
+    """Puts `what` where the plan entry `k` or one of its directories belongs; returns the entry path."""
+    entry = root / "plan" / k[:2] / (k + ".plan")
+    outside.mkdir(parents=True, exist_ok=True)
+    parent = {"file as kind": root / "plan", "link as kind": root / "plan"}.get(what, entry.parent)
+    parent.parent.mkdir(parents=True, exist_ok=True)
+    if what in ("directory", "fifo", "read-only entry", "link to outside entry", "read-only shard"):
+        entry.parent.mkdir(parents=True, exist_ok=True)
+    if what == "directory":
+        (entry / "sub").mkdir(parents=True)
+        (entry / "sub" / "f").write_bytes(b"x")
+    elif what == "fifo":
+        os.mkfifo(entry)
+    elif what == "read-only entry":
+        entry.write_bytes(b"stale")
+        os.chmod(entry, 0o444)
+    elif what == "link to outside entry":
+        (outside / "target").write_bytes(b"outside")
+        entry.symlink_to(outside / "target")
+    elif what == "read-only shard":
+        os.chmod(entry.parent, 0o500)
+    elif what in ("file as shard", "file as kind"):
+        parent.write_bytes(b"a file")
+    elif what in ("link as shard", "link as kind"):
+        parent.symlink_to(outside)
+    return entry
+
+
+IN_THE_WAY = ["directory", "fifo", "read-only entry", "link to outside entry", "read-only shard",
+              "file as shard", "file as kind", "link as shard", "link as kind"]
+
+
+@pytest.mark.parametrize("what", IN_THE_WAY)
+def test_a_write_repairs_what_sits_in_the_way(shared_tmp, what):
+    root, outside = shared_tmp / "cache", shared_tmp / "outside"
+    k = key("in the way", what)
+    entry = _in_the_way(root, k, what, outside)
+    outside_before = sorted(p.name for p in outside.rglob("*"))
+    _give_to_nobody(shared_tmp)
+    c = Cache(root, active=True)
+    stored, read = _as_unprivileged(lambda: (str(c.put("plan", k, b"fresh")), bytes(c.get("plan", k)).decode()))
+    assert stored == str(entry) and read == "fresh"
+    assert stat.S_ISREG(os.lstat(entry).st_mode)
+    assert sorted(p.name for p in outside.rglob("*")) == outside_before  # nothing written or removed there
+    if what == "link to outside entry":
+        assert (outside / "target").read_bytes() == b"outside"
+    assert [p.name for p in entry.parent.iterdir()] == [entry.name]  # no temporary file left
+
+
+def test_new_directories_are_private(tmp_path):
+    c = Cache(tmp_path / "c", active=True)
+    path = c.put("plan", key("private"), b"x")
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(path.parent.parent).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
