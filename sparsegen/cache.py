@@ -123,10 +123,24 @@ class Cache:
     def path(self, kind: str, k: str) -> Path:
         return self.root / kind / k[:2] / (k + KINDS[kind])
 
+    def refusal(self) -> str | None:
+        """Why this directory must not be used, or None. Whoever can write it chooses the code that
+        runs on the GPU, so it must be this user's and writable by no one else."""
+        return _untrusted(self.root)
+
+    def _usable(self) -> bool:
+        if not self.active:
+            return False
+        why = self.refusal()
+        if why is not None and (str(self.root), why) not in _WARNED:
+            _WARNED.add((str(self.root), why))
+            log.warning("cache: not using %s: %s", self.root, why)
+        return why is None
+
     def get(self, kind: str, k: str, arch: str | None = None):
         """The entry's payload (a read-only bytes-like view), or None on a miss. A cubin entry must
         also be a CUDA ELF file, for `arch` when it is given."""
-        if not self.active:
+        if not self._usable():
             return None
         path = self.path(kind, k)
         try:
@@ -144,11 +158,11 @@ class Cache:
         """Stores `payload`; returns its path, or None when the cache is off or cannot be written
         (logged: a read-only or full cache must not break compilation). Whatever sits in the way of
         the entry or its directories (a file, a FIFO, a link, a directory) is removed first."""
-        if not self.active:
+        if not self._usable():
             return None
         path = self.path(kind, k)
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             _real_dir(path.parent.parent)
             _real_dir(path.parent)
             _make_way(path)
@@ -185,6 +199,26 @@ class Cache:
         a kind's or shard's directory. Returns how many of those names it removed; one it cannot
         remove is logged and not counted."""
         return sum(_clear(self.root / kd, 2) for kd in KINDS)
+
+
+_WARNED: set = set()  # (directory, reason) already logged by this process
+
+
+def _untrusted(root: Path) -> str | None:
+    try:
+        st = os.stat(root)
+    except FileNotFoundError:
+        return None  # the first write makes it, private
+    except OSError as exc:
+        return f"cannot stat it ({exc})"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"it is not a directory ({stat.filemode(st.st_mode)})"
+    if st.st_mode & 0o022:
+        return f"it is group- or world-writable ({stat.filemode(st.st_mode)}); make it private: chmod 700 {root}"
+    uid = os.geteuid() if hasattr(os, "geteuid") else st.st_uid
+    if st.st_uid != uid:
+        return f"it belongs to uid {st.st_uid}, not to this user (uid {uid})"
+    return None
 
 
 class _Skip(Exception):

@@ -635,8 +635,9 @@ def test_clear_does_not_count_what_it_cannot_remove(shared_tmp):
     c = Cache(root, active=True)
     c.put("plan", "aa" + "1" * 62, b"1")
     _give_to_nobody(shared_tmp)
-    stuck = c.put("plan", "bb" + "2" * 62, b"2")  # root's, in a shard of root's: nobody cannot remove it
-    os.chmod(stuck.parent, 0o755)
+    stuck = c.path("plan", "bb" + "2" * 62)  # root's, in a shard of root's: nobody cannot remove it
+    stuck.parent.mkdir(mode=0o755)
+    stuck.write_bytes(wrap(b"2"))
     assert len(c.entries()) == 2
     assert _as_unprivileged(c.clear) == 1
     assert stuck.exists() and c.entries() == [c.entries()[0]] and c.entries()[0].path == stuck
@@ -699,3 +700,68 @@ def test_new_directories_are_private(tmp_path):
     assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(path.parent.parent).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+# Trust: the directory must be this user's and writable by no one else, or the cache is not used.
+
+@pytest.mark.parametrize("mode", [0o700, 0o755, 0o750, 0o705, 0o500], ids=oct)
+def test_a_private_or_read_only_for_others_directory_is_used(tmp_path, mode):
+    root = tmp_path / "c"
+    Cache(root, active=True).put("plan", key("m"), b"x")
+    os.chmod(root, mode)
+    c = Cache(root, active=True)
+    assert c.refusal() is None and bytes(c.get("plan", key("m"))) == b"x"
+
+
+@pytest.mark.parametrize("mode", [0o720, 0o702, 0o770, 0o777, 0o1777, 0o722], ids=oct)
+def test_a_group_or_world_writable_directory_is_refused_with_one_warning(tmp_path, caplog, mode):
+    root = tmp_path / "c"
+    Cache(root, active=True).put("plan", key("planted"), b"someone else's")
+    os.chmod(root, mode)
+    c = Cache(root, active=True)
+    with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
+        assert c.get("plan", key("planted")) is None
+        assert c.put("plan", key("new"), b"x") is None and c.get("plan", key("new")) is None
+    assert not c.path("plan", key("new")).exists()
+    assert f"not using {root}: it is group- or world-writable" in caplog.text
+    assert f"chmod 700 {root}" in caplog.text
+    assert caplog.text.count("not using") == 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the directory to another user")
+def test_a_directory_of_another_user_is_refused(tmp_path, caplog):
+    root = tmp_path / "c"
+    Cache(root, active=True).put("plan", key("theirs"), b"x")
+    os.chown(root, NOBODY, NOBODY)
+    c = Cache(root, active=True)
+    with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
+        assert c.get("plan", key("theirs")) is None
+    assert c.refusal() == f"it belongs to uid {NOBODY}, not to this user (uid 0)"
+
+
+def test_a_file_in_place_of_the_directory_is_refused(tmp_path):
+    (tmp_path / "c").write_bytes(b"a file")
+    c = Cache(tmp_path / "c", active=True)
+    assert c.refusal() == "it is not a directory (-rw-r--r--)" and c.put("plan", key("f"), b"x") is None
+
+
+def test_the_cache_directory_is_made_private(tmp_path):
+    root = tmp_path / "new" / "cache"
+    c = Cache(root, active=True)
+    assert c.refusal() is None  # missing: the first write makes it
+    c.put("plan", key("first"), b"x")
+    assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
+    assert c.refusal() is None
+
+
+def test_cache_info_says_why_a_directory_is_refused(tmp_path, monkeypatch, capsys):
+    from sparsegen import cli
+
+    root = tmp_path / "c"
+    root.mkdir(mode=0o700)
+    monkeypatch.setenv("SPARSEGEN_CACHE_DIR", str(root))
+    assert cli.main(["cache", "info"]) == 0
+    assert "refused" not in capsys.readouterr().out
+    os.chmod(root, 0o775)
+    assert cli.main(["cache", "info"]) == 0
+    assert f"refused    it is group- or world-writable (drwxrwxr-x); make it private: chmod 700 {root}" in capsys.readouterr().out
