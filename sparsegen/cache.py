@@ -17,6 +17,7 @@ import shutil
 import stat
 import struct
 import tempfile
+import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ ENV_MAX_BYTES = "SPARSEGEN_CACHE_MAX_BYTES"
 # share; a smaller cap would evict them between one N and the next.
 DEFAULT_MAX_BYTES = 4 << 30
 TMP_PREFIX = ".tmp-"
+TMP_MAX_AGE = 3600.0  # seconds: a temporary file this old belongs to a writer that died
 # O_NOFOLLOW: a link swapped in after the lstat is not followed; O_NONBLOCK: a FIFO swapped in does
 # not block the open (fstat then rejects it).
 _READ_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -152,6 +154,7 @@ class Cache:
         except (_Skip, OSError) as exc:
             log.warning("cache: skipping %s (%s); treating it as a miss", path, exc)
             return None
+        _touch(path)
         return payload
 
     def put(self, kind: str, k: str, payload: bytes) -> Path | None:
@@ -160,38 +163,55 @@ class Cache:
         the entry or its directories (a file, a FIFO, a link, a directory) is removed first."""
         if not self._usable():
             return None
-        path = self.path(kind, k)
+        path, blob = self.path(kind, k), wrap(payload)
+        if len(blob) > self.max_bytes:
+            log.warning("cache: not storing %s: %d bytes, over the %d-byte bound (%s)", path, len(blob),
+                        self.max_bytes, ENV_MAX_BYTES)
+            return None
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             _real_dir(path.parent.parent)
             _real_dir(path.parent)
             _make_way(path)
-            _publish(path, wrap(payload), KINDS[kind])
+            _publish(path, blob, KINDS[kind])
         except OSError as exc:
             log.warning("cache: cannot write %s (%s)", path, exc)
             return None
+        self.evict(keep=path)
         return path
 
     def entries(self, kind: str | None = None) -> list[Entry]:
         """Every entry: regular files only, found without following links, temporaries left out."""
-        out = []
-        for kd, item in self._files([kind] if kind else list(KINDS)):
-            suffix = KINDS[kd]
-            if item.name.startswith(TMP_PREFIX) or not item.name.endswith(suffix):
-                continue
-            try:
-                st = item.stat(follow_symlinks=False)
-            except OSError:  # removed meanwhile
-                continue
-            out.append(Entry(kd, item.name[: -len(suffix)], Path(item.path), st.st_size, st.st_mtime))
-        return out
+        found = (_entry(*item) for item in self._files([kind] if kind else list(KINDS)))
+        return [e for e in found if e is not None]
 
     def _files(self, kinds):
-        """(kind, DirEntry) of each regular file in a kind's shard directories; links are not followed."""
+        """(kind, DirEntry, lstat) of each regular file in a kind's shard directories; links are not
+        followed."""
         for kd in kinds:
             for shard in _listing(self.root / kd):
                 if shard.is_dir(follow_symlinks=False):
-                    yield from ((kd, f) for f in _listing(shard.path) if f.is_file(follow_symlinks=False))
+                    yield from ((kd, f, st) for f, st in _regular_files(shard.path))
+
+    def evict(self, keep: Path | None = None, now: float | None = None) -> int:
+        """Removes temporary files older than TMP_MAX_AGE (their writer died), then the least recently
+        used entries (the oldest mtime: a hit touches its entry), never `keep`, until the entries hold
+        at most `max_bytes`. Returns how many files it removed."""
+        now = time.time() if now is None else now
+        files = list(self._files(list(KINDS)))
+        stale = [f.path for _, f, st in files if f.name.startswith(TMP_PREFIX) and now - st.st_mtime > TMP_MAX_AGE]
+        entries = [e for e in (_entry(*item) for item in files) if e is not None]
+        return sum(_remove(Path(p)) for p in stale) + self._shrink(entries, keep)
+
+    def _shrink(self, entries: list[Entry], keep: Path | None) -> int:
+        total, removed = sum(e.size for e in entries), 0
+        for e in sorted(entries, key=lambda e: (e.mtime, str(e.path))):
+            if total <= self.max_bytes:
+                break
+            if e.path != keep and _remove(e.path):
+                total -= e.size
+                removed += 1
+        return removed
 
     def clear(self) -> int:
         """Empties each kind's directory of whatever is in it: entries, temporaries, and anything in
@@ -269,6 +289,14 @@ def _read_exactly(fd: int, size: int):
     return view[:got].toreadonly()
 
 
+def _touch(path: Path) -> None:
+    """A hit's new mtime orders eviction; a read-only cache keeps its times."""
+    try:
+        os.utime(path, follow_symlinks=False)
+    except (OSError, NotImplementedError):
+        pass
+
+
 def _real_dir(path: Path) -> None:
     """Makes `path` a directory of ours that we can write: a file, FIFO or link in its place (the
     link, never its target) is removed, a missing one is made private, a read-only one is opened."""
@@ -330,6 +358,8 @@ def _remove(path: Path) -> int:
             shutil.rmtree(path)
         else:
             os.unlink(path)
+    except FileNotFoundError:  # another process removed it first
+        return 0
     except OSError as exc:
         log.warning("cache: cannot remove %s (%s)", path, exc)
         return 0
@@ -350,6 +380,24 @@ def _open_up(path) -> None:
         mode = os.lstat(path).st_mode
         if stat.S_ISDIR(mode) and mode & 0o700 != 0o700:
             os.chmod(path, stat.S_IMODE(mode) | 0o700)
+
+
+def _entry(kind: str, f: os.DirEntry, st: os.stat_result) -> Entry | None:
+    suffix = KINDS[kind]
+    if f.name.startswith(TMP_PREFIX) or not f.name.endswith(suffix):
+        return None
+    return Entry(kind, f.name[: -len(suffix)], Path(f.path), st.st_size, st.st_mtime)
+
+
+def _regular_files(directory) -> list:
+    """(DirEntry, lstat) of each regular file in `directory`; one removed meanwhile is left out."""
+    out = []
+    for f in _listing(directory):
+        with _quiet():
+            st = f.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode):
+                out.append((f, st))
+    return out
 
 
 def _listing(path) -> list:

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -765,3 +766,83 @@ def test_cache_info_says_why_a_directory_is_refused(tmp_path, monkeypatch, capsy
     os.chmod(root, 0o775)
     assert cli.main(["cache", "info"]) == 0
     assert f"refused    it is group- or world-writable (drwxrwxr-x); make it private: chmod 700 {root}" in capsys.readouterr().out
+
+
+# Size cap: least recently used entries go first; stale temporaries go; an entry over the cap is not stored.
+
+def _aged(c: Cache, name: str, payload: bytes, mtime: float) -> Path:
+    path = c.put("plan", key(name), payload)
+    os.utime(path, (mtime, mtime))
+    return path
+
+
+def _three(tmp_path, limit):
+    """Entries a, b, c of 16 + 10 = 26 bytes each, used at times 1000, 2000, 3000."""
+    c = Cache(tmp_path, active=True, limit=10**6)
+    paths = [_aged(c, name, b"0123456789", t) for name, t in (("a", 1000), ("b", 2000), ("c", 3000))]
+    c.max_bytes = limit
+    return c, paths
+
+
+def _left(c):
+    return sorted(e.path.name for e in c.entries())
+
+
+def test_evict_keeps_everything_at_the_cap_and_drops_the_oldest_one_byte_over(tmp_path):
+    c, (a, b, d) = _three(tmp_path, 78)
+    assert c.evict() == 0 and len(c.entries()) == 3
+    c.max_bytes = 77
+    assert c.evict() == 1 and _left(c) == sorted([b.name, d.name])
+
+
+def test_evict_drops_oldest_first_until_it_fits(tmp_path):
+    c, (a, b, d) = _three(tmp_path, 26)
+    assert c.evict() == 2 and _left(c) == [d.name]
+    c.max_bytes = 0
+    assert c.evict() == 1 and c.entries() == []
+
+
+def test_evict_never_drops_the_entry_it_keeps(tmp_path):
+    c, (a, b, d) = _three(tmp_path, 52)
+    assert c.evict(keep=a) == 1 and _left(c) == sorted([a.name, d.name])
+
+
+def test_a_hit_makes_an_entry_recently_used(tmp_path):
+    c, (a, b, d) = _three(tmp_path, 52)
+    before = time.time() - 1
+    assert bytes(c.get("plan", key("a"))) == b"0123456789"
+    assert os.stat(a).st_mtime >= before
+    assert c.evict() == 1 and _left(c) == sorted([a.name, d.name])
+
+
+def test_a_write_evicts_down_to_the_cap(tmp_path):
+    c, (a, b, d) = _three(tmp_path, 78)
+    new = c.put("plan", key("new"), b"0123456789")
+    assert new is not None and _left(c) == sorted([b.name, d.name, new.name])
+
+
+def test_an_entry_at_the_cap_is_stored_and_one_byte_over_is_not(tmp_path, caplog):
+    c = Cache(tmp_path, active=True, limit=26)
+    assert c.put("plan", key("fits"), b"0123456789") is not None
+    assert _left(c) == [key("fits") + ".plan"]
+    with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
+        assert c.put("plan", key("big"), b"0123456789A") is None
+    assert "27 bytes, over the 26-byte bound (SPARSEGEN_CACHE_MAX_BYTES)" in caplog.text
+    assert _left(c) == [key("fits") + ".plan"]
+
+
+def test_evict_removes_temporary_files_older_than_an_hour(tmp_path):
+    c, (a, b, d) = _three(tmp_path, 10**6)
+    shard = a.parent
+    for name, mtime in (("old", 5000.0), ("edge", 5000.5), ("new", 6000.0)):
+        (shard / f".tmp-{name}.plan").write_bytes(b"half")
+        os.utime(shard / f".tmp-{name}.plan", (mtime, mtime))
+    assert c.evict(now=8600.5) == 1  # 3600.5 s old: gone; exactly 3600 s: kept
+    assert sorted(p.name for p in shard.glob(".tmp-*")) == [".tmp-edge.plan", ".tmp-new.plan"]
+    assert c.evict(now=8600.5) == 0 and len(c.entries()) == 3
+
+
+def test_temporary_files_do_not_count_towards_the_cap(tmp_path):
+    c, (a, b, d) = _three(tmp_path, 78)
+    (a.parent / ".tmp-writing.plan").write_bytes(b"x" * 1000)
+    assert c.evict() == 0 and len(c.entries()) == 3
