@@ -77,7 +77,16 @@ def default_dir() -> Path:
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_DISABLE, "").strip().lower() not in ("1", "true", "yes", "on")
+    """False when SPARSEGEN_DISABLE_CACHE is 1, true, yes or on; True when it is unset, empty, 0, false,
+    no or off (any case, spaces around ignored); anything else is an error."""
+    raw = os.environ.get(ENV_DISABLE, "")
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return False
+    if value in ("", "0", "false", "no", "off"):
+        return True
+    raise SparsegenError(f"{ENV_DISABLE}={raw!r}: expected 1, true, yes or on (cache off), "
+                         "or 0, false, no, off or empty (cache on)")
 
 
 def max_bytes() -> int:

@@ -216,6 +216,13 @@ def test_every_spelling_that_keeps_the_cache_on(tmp_path, monkeypatch, value):
     assert enabled() and Cache(tmp_path).active
 
 
+@pytest.mark.parametrize("value", ["maybe", "2", "disable", "o n", "1 1"])
+def test_an_unknown_flag_value_is_an_error(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("SPARSEGEN_DISABLE_CACHE", value)
+    with pytest.raises(SparsegenError, match=f"SPARSEGEN_DISABLE_CACHE='{value}': expected 1, true, yes or on"):
+        Cache(tmp_path)
+
+
 def test_unset_flag_keeps_the_cache_on(tmp_path, monkeypatch):
     monkeypatch.delenv("SPARSEGEN_DISABLE_CACHE", raising=False)
     assert enabled() and Cache(tmp_path).active
