@@ -3,8 +3,14 @@
 Keys are sha256 hex digests of everything that determines the entry. Each file is an envelope:
 magic, payload length, CRC32 of the payload, payload. Writes go to a temporary file in the same
 directory and are published with `os.replace`, so readers never see half a file and two writers
-of the same key both succeed. A read whose envelope does not check out is a miss: it is logged,
-and the caller's next `put` rewrites it.
+of the same key both succeed; whatever sits in an entry's way is removed first. A read whose
+envelope does not check out is a miss: it is logged, and the caller's next `put` rewrites it.
+
+Only regular files are read (never through a link, never more than the size cap), and a cubin
+entry must be a CUDA ELF file for the requested arch. The CRC detects damage, not forgery: whoever
+can write the directory chooses the code that runs on the GPU, so a directory that is not this
+user's alone is refused (docs/cache.md). Writes evict the least recently used entries down to
+`SPARSEGEN_CACHE_MAX_BYTES`.
 """
 from __future__ import annotations
 
