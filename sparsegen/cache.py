@@ -49,9 +49,8 @@ DEFAULT_MAX_BYTES = 4 << 30
 TMP_PREFIX = ".tmp-"
 TMP_MAX_AGE = 3600.0  # seconds: a temporary file this old belongs to a writer that died
 # O_NOFOLLOW: a link swapped in after the lstat is not followed; O_NONBLOCK: a FIFO swapped in does
-# not block the open (fstat then rejects it).
-_READ_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-               | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+# not block the open (fstat then rejects it). Both are POSIX; os.open's descriptors are close-on-exec.
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
 def key(*parts) -> str:
@@ -64,8 +63,9 @@ def key(*parts) -> str:
     return h.hexdigest()
 
 
-def _checkout_cache() -> Path | None:
-    root = Path(__file__).resolve().parent.parent
+def _checkout_cache(root: Path | None = None) -> Path | None:
+    """`cache/` of the checkout at `root` (default: the one this package runs from), or None."""
+    root = Path(__file__).resolve().parent.parent if root is None else root
     if (root / "pyproject.toml").is_file() and (root / "cache").is_dir():
         return root / "cache"
     return None
@@ -279,7 +279,8 @@ def _read_entry(path: Path, limit: int):
     try:
         st = os.fstat(fd)
         _check_regular(st, limit)
-        return _read_exactly(fd, st.st_size)
+        with open(fd, "rb", closefd=False) as fh:
+            return fh.read(st.st_size)  # fewer bytes when the file shrank since: the envelope check fails
     finally:
         os.close(fd)
 
@@ -291,25 +292,10 @@ def _check_regular(st: os.stat_result, limit: int) -> None:
         raise _Skip(f"{st.st_size} bytes, over the {limit}-byte bound ({ENV_MAX_BYTES})")
 
 
-def _read_exactly(fd: int, size: int):
-    """`size` bytes, or fewer when the file shrank since fstat (the envelope check then fails)."""
-    buf = bytearray(size)
-    view, got = memoryview(buf), 0
-    with open(fd, "rb", buffering=0, closefd=False) as fh:
-        while got < size:
-            n = fh.readinto(view[got:])
-            if not n:
-                break
-            got += n
-    return view[:got].toreadonly()
-
-
 def _touch(path: Path) -> None:
     """A hit's new mtime orders eviction; a read-only cache keeps its times."""
-    try:
-        os.utime(path, follow_symlinks=False)
-    except (OSError, NotImplementedError):
-        pass
+    with _quiet():
+        os.utime(path)
 
 
 def _real_dir(path: Path) -> None:
@@ -389,11 +375,11 @@ def _open_up_tree(top: Path) -> None:
 
 
 def _open_up(path) -> None:
-    """Gives the owner read, write and search permission on a real directory that lacks them, so that
-    it can be listed and emptied; a link is left alone."""
+    """Gives the owner read, write and search permission on a real directory, so that it can be
+    listed and emptied; a link is left alone."""
     with _quiet():
         mode = os.lstat(path).st_mode
-        if stat.S_ISDIR(mode) and mode & 0o700 != 0o700:
+        if stat.S_ISDIR(mode):
             os.chmod(path, stat.S_IMODE(mode) | 0o700)
 
 
@@ -446,10 +432,15 @@ def cubin_problem(blob, arch: str | None) -> str | None:
     sm = cubin_sm(abi, flags)
     if sm is None:
         return f"CUDA ELF ABI version {abi}, whose e_flags sparsegen cannot read"
-    wanted = _SM_RE.fullmatch(arch or "")
-    if arch is not None and (wanted is None or int(wanted.group(1)) != sm):
+    if arch is not None and _sm_number(arch) != sm:
         return f"built for sm_{sm}"
     return None
+
+
+def _sm_number(arch: str) -> int | None:
+    """90 for sm_90, sm_90a and sm_90f; None for anything else."""
+    match = _SM_RE.fullmatch(arch)
+    return int(match.group(1)) if match else None
 
 
 def cubin_sm(abi_version: int, flags: int) -> int | None:

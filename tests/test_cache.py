@@ -20,7 +20,7 @@ import pytest
 
 import sparsegen
 from sparsegen.errors import SparsegenError
-from sparsegen.cache import Cache, cubin_problem, cubin_sm, default_dir, enabled, key, max_bytes, pack_arrays, unpack_arrays, unwrap, wrap
+from sparsegen.cache import Cache, _checkout_cache, cubin_problem, cubin_sm, default_dir, enabled, key, max_bytes, pack_arrays, unpack_arrays, unwrap, wrap
 
 from .helpers import random_csr
 
@@ -405,6 +405,7 @@ def test_an_entry_that_is_not_a_regular_file_is_a_logged_miss(tmp_path, caplog, 
     with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
         assert _within(10, lambda: c.get("plan", k)) is None
     assert f"skipping {path}" in caplog.text and "not a regular file" in caplog.text
+    assert "treating it as a miss" in caplog.text and caplog.records[0].name == "sparsegen.cache"
     assert c.entries() == []
 
 
@@ -474,8 +475,8 @@ def test_max_bytes_rejects_anything_but_a_whole_number(monkeypatch, value):
 # Cubin entries: a CUDA ELF file for the requested arch, or a miss.
 
 @pytest.mark.parametrize("abi, flags, sm", [
-    (8, 0x06005A04, 90), (8, 0x06005004, 80), (8, 0x06007802, 120),  # nvcc 13.0's own values
-    (7, 0x005A055A, 90), (7, 0x00500550, 80),  # EF_CUDA_SM in bits 0-7, virtual SM in 16-23
+    (8, 0x06005A04, 90), (8, 0x06005004, 80), (8, 0x06007802, 120), (8, 0x06004B04, 75),  # nvcc 13.0's
+    (7, 0x005A055A, 90), (7, 0x00500550, 80), (7, 0x004B054B, 75),  # EF_CUDA_SM in bits 0-7, virtual SM 16-23
 ])
 def test_cubin_sm_from_e_flags(abi, flags, sm):
     assert cubin_sm(abi, flags) == sm
@@ -610,6 +611,7 @@ def _cluttered_cache(root: Path, outside: Path) -> Cache:
     (shard / "dir.plan" / "deeper").mkdir(parents=True)
     (shard / "dir.plan" / "deeper" / "f").write_bytes(b"x")
     os.chmod(shard / "dir.plan" / "deeper", 0)
+    os.chmod(shard / "dir.plan", 0)
     os.chmod(b, 0)
     os.chmod(d.parent, 0)
     (root / "plan" / "cc").write_bytes(b"a file where a shard belongs")
@@ -647,7 +649,17 @@ def test_clear_does_not_count_what_it_cannot_remove(shared_tmp):
     stuck.parent.mkdir(mode=0o755)
     stuck.write_bytes(wrap(b"2"))
     assert len(c.entries()) == 2
-    assert _as_unprivileged(c.clear) == 1
+
+    def clear_and_log():
+        records = []
+        handler = logging.Handler()
+        handler.emit = lambda record: records.append(record.getMessage())
+        logging.getLogger("sparsegen.cache").addHandler(handler)
+        return c.clear(), records
+
+    count, records = _as_unprivileged(clear_and_log)
+    assert count == 1
+    assert records == [f"cache: cannot remove {stuck} ([Errno 13] Permission denied: '{stuck}')"]
     assert stuck.exists() and c.entries() == [c.entries()[0]] and c.entries()[0].path == stuck
 
 
@@ -699,6 +711,8 @@ def test_a_write_repairs_what_sits_in_the_way(shared_tmp, what):
     assert sorted(p.name for p in outside.rglob("*")) == outside_before  # nothing written or removed there
     if what == "link to outside entry":
         assert (outside / "target").read_bytes() == b"outside"
+    if what == "read-only shard":
+        assert stat.S_IMODE(os.stat(entry.parent).st_mode) == 0o700
     assert [p.name for p in entry.parent.iterdir()] == [entry.name]  # no temporary file left
 
 
@@ -713,12 +727,14 @@ def test_new_directories_are_private(tmp_path):
 # Trust: the directory must be this user's and writable by no one else, or the cache is not used.
 
 @pytest.mark.parametrize("mode", [0o700, 0o755, 0o750, 0o705, 0o500], ids=oct)
-def test_a_private_or_read_only_for_others_directory_is_used(tmp_path, mode):
+def test_a_private_or_read_only_for_others_directory_is_used(tmp_path, caplog, mode):
     root = tmp_path / "c"
     Cache(root, active=True).put("plan", key("m"), b"x")
     os.chmod(root, mode)
     c = Cache(root, active=True)
-    assert c.refusal() is None and bytes(c.get("plan", key("m"))) == b"x"
+    with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
+        assert c.refusal() is None and bytes(c.get("plan", key("m"))) == b"x"
+    assert caplog.text == ""
 
 
 @pytest.mark.parametrize("mode", [0o720, 0o702, 0o770, 0o777, 0o1777, 0o722], ids=oct)
@@ -853,3 +869,102 @@ def test_temporary_files_do_not_count_towards_the_cap(tmp_path):
     c, (a, b, d) = _three(tmp_path, 78)
     (a.parent / ".tmp-writing.plan").write_bytes(b"x" * 1000)
     assert c.evict() == 0 and len(c.entries()) == 3
+
+
+
+# Layout, location and listing, value by value.
+
+def test_paths_of_every_kind(tmp_path):
+    c = Cache(tmp_path, active=True)
+    k = "ab" + "0" * 62
+    spelled = {"cubin": "cubin/ab/" + k + ".cubin", "plan": "plan/ab/" + k + ".plan",
+               "format": "format/ab/" + k + ".fmt", "stats": "stats/ab/" + k + ".stats",
+               "tune": "tune/ab/" + k + ".json"}
+    assert {kind: str(c.path(kind, k).relative_to(tmp_path)) for kind in spelled} == spelled
+
+
+def test_entries_are_values(tmp_path):
+    c = Cache(tmp_path, active=True)
+    c.put("stats", key("v"), b"x")
+    (entry,) = c.entries()
+    with pytest.raises(AttributeError):
+        entry.size = 0
+
+
+def test_entries_leave_out_files_of_another_suffix(tmp_path):
+    c = Cache(tmp_path, active=True)
+    path = c.put("plan", key("listed"), b"x")
+    (path.parent / "README").write_bytes(b"x")
+    (path.parent / (key("tune") + ".json")).write_bytes(b"x")
+    assert [e.path for e in c.entries()] == [path]
+
+
+def test_checkout_cache_needs_pyproject_and_cache(tmp_path):
+    assert _checkout_cache(tmp_path) is None
+    (tmp_path / "cache").mkdir()
+    assert _checkout_cache(tmp_path) is None
+    (tmp_path / "pyproject.toml").write_text("")
+    assert _checkout_cache(tmp_path) == tmp_path / "cache"
+    (tmp_path / "cache").rmdir()
+    assert _checkout_cache(tmp_path) is None
+
+
+def test_default_dir_without_xdg_is_under_home(monkeypatch, tmp_path):
+    cache_mod = importlib.import_module("sparsegen.cache")
+    monkeypatch.delenv("SPARSEGEN_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(cache_mod, "_checkout_cache", lambda: None)
+    assert default_dir() == tmp_path / ".cache" / "sparsegen"
+    monkeypatch.setenv("SPARSEGEN_CACHE_DIR", "~/mine")
+    assert default_dir() == tmp_path / "mine"
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts descriptors in /proc/self/fd")
+def test_reads_leave_no_descriptor_open(tmp_path):
+    c = Cache(tmp_path, active=True)
+    c.put("plan", key("fd"), b"x")
+    c.get("plan", key("fd"))
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        assert c.get("plan", key("fd")) is not None
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def _lstat_sees_a_regular_file(monkeypatch, path: Path, decoy: Path):
+    """The entry is swapped after the lstat: lstat of `path` reports the regular file `decoy`."""
+    real = os.lstat
+    monkeypatch.setattr(os, "lstat", lambda p, *a, **kw: real(decoy) if str(p) == str(path) else real(p, *a, **kw))
+
+
+@pytest.mark.parametrize("what", ["fifo", "link outside"])
+def test_an_entry_swapped_after_the_lstat_is_still_refused(tmp_path, monkeypatch, caplog, what):
+    c, k, path = _obstacle(tmp_path, what)
+    decoy = tmp_path / "decoy"
+    decoy.write_bytes(wrap(b"decoy"))
+    _lstat_sees_a_regular_file(monkeypatch, path, decoy)
+    with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
+        assert _within(10, lambda: c.get("plan", k)) is None
+    expected = "not a regular file: prw" if what == "fifo" else "Too many levels of symbolic links"
+    assert expected in caplog.text
+
+
+def test_a_cache_below_a_file_is_refused(tmp_path):
+    (tmp_path / "file").write_bytes(b"x")
+    c = Cache(tmp_path / "file" / "cache", active=True)
+    assert c.refusal().startswith("cannot stat it ([Errno 20] Not a directory")
+    assert c.put("plan", key("x"), b"x") is None
+
+
+def test_a_name_another_process_removed_first_is_not_counted_or_logged(tmp_path, monkeypatch, caplog):
+    c, (a, b, d) = _three(tmp_path, 52)
+    real = os.unlink
+
+    def beaten(p, *args, **kw):
+        real(p, *args, **kw)
+        raise FileNotFoundError(2, "No such file or directory", str(p))
+
+    monkeypatch.setattr(os, "unlink", beaten)
+    with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
+        assert c.evict() == 0  # every removal was the other process's, so the total never shrank
+    assert caplog.text == "" and _left(c) == []
