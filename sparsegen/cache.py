@@ -202,11 +202,10 @@ class Cache:
 
     def _files(self, kinds):
         """(kind, DirEntry, lstat) of each regular file in a kind's shard directories; links are not
-        followed."""
+        followed (_listing lists real directories only)."""
         for kd in kinds:
             for shard in _listing(self.root / kd):
-                if shard.is_dir(follow_symlinks=False):
-                    yield from ((kd, f, st) for f, st in _regular_files(shard.path))
+                yield from ((kd, f, st) for f, st in _regular_files(shard.path))
 
     def evict(self, keep: Path | None = None, now: float | None = None) -> int:
         """Removes temporary files older than TMP_MAX_AGE (their writer died), then the least recently

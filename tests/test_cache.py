@@ -67,7 +67,8 @@ def test_damaged_entries_are_misses_and_logged(tmp_path, caplog, damage):
     path.write_bytes(bytes(blob))
     with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
         assert c.get("plan", k) is None
-    assert "corrupt or truncated" in caplog.text
+    assert caplog.messages == [f"cache: skipping {path} (corrupt or truncated; it will be rewritten); "
+                               "treating it as a miss"]
 
 
 def test_corrupt_plan_is_rebuilt_and_rewritten():
@@ -207,13 +208,13 @@ def test_two_processes_racing_on_the_same_cubin(tmp_path):
 @pytest.mark.parametrize("value", ["1", "true", "yes", "on", "TRUE", " On ", "Yes\n"])
 def test_every_spelling_that_disables_the_cache(tmp_path, monkeypatch, value):
     monkeypatch.setenv("SPARSEGEN_DISABLE_CACHE", value)
-    assert not enabled() and not Cache(tmp_path).active
+    assert enabled() is False and Cache(tmp_path).active is False
 
 
 @pytest.mark.parametrize("value", ["", "0", "false", "no", "off", "OFF", " 0 "])
 def test_every_spelling_that_keeps_the_cache_on(tmp_path, monkeypatch, value):
     monkeypatch.setenv("SPARSEGEN_DISABLE_CACHE", value)
-    assert enabled() and Cache(tmp_path).active
+    assert enabled() is True and Cache(tmp_path).active is True
 
 
 @pytest.mark.parametrize("value", ["maybe", "2", "disable", "o n", "1 1"])
@@ -310,12 +311,13 @@ def test_failed_write_removes_its_temporary_file(tmp_path, monkeypatch, caplog):
     k = key("fails")
 
     def refuse(src, dst):
-        raise PermissionError(13, "refused", dst)
+        raise PermissionError(13, "refused", str(dst))
 
     monkeypatch.setattr(os, "replace", refuse)
     with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
         assert c.put("plan", k, b"data") is None
-    assert "cannot write" in caplog.text and caplog.records[0].name == "sparsegen.cache"
+    assert caplog.messages == [f"cache: cannot write {c.path('plan', k)} ([Errno 13] refused: '{c.path('plan', k)}')"]
+    assert caplog.records[0].name == "sparsegen.cache"
     assert list(c.path("plan", k).parent.iterdir()) == []
 
 
@@ -404,8 +406,9 @@ def test_an_entry_that_is_not_a_regular_file_is_a_logged_miss(tmp_path, caplog, 
     c, k, path = _obstacle(tmp_path, what)
     with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
         assert _within(10, lambda: c.get("plan", k)) is None
-    assert f"skipping {path}" in caplog.text and "not a regular file" in caplog.text
-    assert "treating it as a miss" in caplog.text and caplog.records[0].name == "sparsegen.cache"
+    (message,) = caplog.messages
+    assert message.startswith(f"cache: skipping {path} (not a regular file: ")
+    assert message.endswith("); treating it as a miss") and caplog.records[0].name == "sparsegen.cache"
     assert c.entries() == []
 
 
@@ -419,7 +422,8 @@ def test_a_shard_directory_that_is_a_link_is_not_followed(tmp_path, caplog):
     c.path("plan", k).parent.symlink_to(elsewhere)
     with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
         assert c.get("plan", k) is None
-    assert "is not a directory" in caplog.text
+    assert caplog.messages == [f"cache: skipping {c.path('plan', k)} ({c.path('plan', k).parent} is not a "
+                               "directory but lrwxrwxrwx); treating it as a miss"]
     assert c.entries() == []
 
 
@@ -433,7 +437,8 @@ def test_a_kind_directory_that_is_a_link_is_not_followed(tmp_path, caplog):
     (tmp_path / "c" / "plan").symlink_to(elsewhere)
     with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
         assert c.get("plan", k) is None
-    assert "is not a directory" in caplog.text
+    assert caplog.messages == [f"cache: skipping {c.path('plan', k)} ({tmp_path / 'c' / 'plan'} is not a "
+                               "directory but lrwxrwxrwx); treating it as a miss"]
     assert c.entries() == []
 
 
@@ -444,7 +449,8 @@ def test_an_entry_at_the_size_bound_is_read_and_one_byte_over_is_a_miss(tmp_path
     assert bytes(Cache(tmp_path, active=True, limit=26).get("plan", k)) == b"0123456789"
     with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
         assert Cache(tmp_path, active=True, limit=25).get("plan", k) is None
-    assert "26 bytes, over the 25-byte bound" in caplog.text
+    assert caplog.messages == [f"cache: skipping {path} (26 bytes, over the 25-byte bound "
+                               "(SPARSEGEN_CACHE_MAX_BYTES)); treating it as a miss"]
 
 
 def test_read_payload_is_read_only(tmp_path):
@@ -520,8 +526,10 @@ def test_cubin_entry_for_another_arch_or_not_a_cubin_is_a_logged_miss(tmp_path, 
     with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
         assert c.get("cubin", key("80"), arch="sm_90") is None
         assert c.get("cubin", key("text")) is None
-    assert "not a cubin for sm_90: built for sm_80" in caplog.text
-    assert "not a cubin for any arch: not a 64-bit little-endian ELF file" in caplog.text
+    assert caplog.messages == [
+        f"cache: skipping {c.path('cubin', key('80'))} (not a cubin for sm_90: built for sm_80); treating it as a miss",
+        f"cache: skipping {c.path('cubin', key('text'))} (not a cubin for any arch: not a 64-bit little-endian "
+        "ELF file); treating it as a miss"]
     assert c.get("cubin", key("80"), arch="sm_80") is not None and c.get("cubin", key("80")) is not None
 
 
@@ -610,6 +618,7 @@ def _cluttered_cache(root: Path, outside: Path) -> Cache:
     (shard / "outside.plan").symlink_to(outside / "file")
     (shard / "dir.plan" / "deeper").mkdir(parents=True)
     (shard / "dir.plan" / "deeper" / "f").write_bytes(b"x")
+    (shard / "dir.plan" / "second").write_bytes(b"x")  # a directory counts once, whatever it holds
     os.chmod(shard / "dir.plan" / "deeper", 0)
     os.chmod(shard / "dir.plan", 0)
     os.chmod(b, 0)
@@ -747,9 +756,8 @@ def test_a_group_or_world_writable_directory_is_refused_with_one_warning(tmp_pat
         assert c.get("plan", key("planted")) is None
         assert c.put("plan", key("new"), b"x") is None and c.get("plan", key("new")) is None
     assert not c.path("plan", key("new")).exists()
-    assert f"not using {root}: it is group- or world-writable" in caplog.text
-    assert f"chmod 700 {root}" in caplog.text
-    assert caplog.text.count("not using") == 1
+    assert caplog.messages == [f"cache: not using {root}: it is group- or world-writable "
+                               f"({stat.filemode(os.stat(root).st_mode)}); make it private: chmod 700 {root}"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the directory to another user")
@@ -850,7 +858,8 @@ def test_an_entry_at_the_cap_is_stored_and_one_byte_over_is_not(tmp_path, caplog
     assert _left(c) == [key("fits") + ".plan"]
     with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
         assert c.put("plan", key("big"), b"0123456789A") is None
-    assert "27 bytes, over the 26-byte bound (SPARSEGEN_CACHE_MAX_BYTES)" in caplog.text
+    assert caplog.messages == [f"cache: not storing {c.path('plan', key('big'))}: 27 bytes, over the 26-byte "
+                               "bound (SPARSEGEN_CACHE_MAX_BYTES)"]
     assert _left(c) == [key("fits") + ".plan"]
 
 
