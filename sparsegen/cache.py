@@ -25,6 +25,7 @@ import struct
 import tempfile
 import time
 import zlib
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,8 +147,9 @@ class Cache:
         return _untrusted(self.root)
 
     def _usable(self) -> bool:
-        if not self.active:
-            return False
+        return self.active and self._trusted()
+
+    def _trusted(self) -> bool:
         why = self.refusal()
         if why is not None and (str(self.root), why) not in _WARNED:
             _WARNED.add((str(self.root), why))
@@ -293,7 +295,7 @@ def _check_regular(st: os.stat_result, limit: int) -> None:
 
 def _touch(path: Path) -> None:
     """A hit's new mtime orders eviction; a read-only cache keeps its times."""
-    with _quiet():
+    with suppress(OSError):
         os.utime(path)
 
 
@@ -308,14 +310,14 @@ def _real_dir(path: Path) -> None:
         os.unlink(path)
         mode = None
     if mode is None:
-        with _quiet():  # another writer may make it first
+        with suppress(OSError):  # another writer may make it first
             os.mkdir(path, 0o700)
     _open_up(path)
 
 
 def _make_way(path: Path) -> None:
     """os.replace puts the entry in place of a file, FIFO or link, but not of a directory."""
-    with _quiet():
+    with suppress(OSError):
         if stat.S_ISDIR(os.lstat(path).st_mode):
             _remove(path)
 
@@ -329,7 +331,7 @@ def _publish(path: Path, blob: bytes, suffix: str) -> None:
             fh.write(blob)
         os.replace(tmp, path)
     except BaseException:
-        with _quiet():
+        with suppress(OSError):
             os.unlink(tmp)
         raise
 
@@ -345,7 +347,7 @@ def _clear(path: Path, depth: int) -> int:
         return _remove(path)
     _open_up(path)
     removed = sum(_clear(Path(e.path), depth - 1) for e in _listing(path))
-    with _quiet():
+    with suppress(OSError):
         os.rmdir(path)
     return removed
 
@@ -376,7 +378,7 @@ def _open_up_tree(top: Path) -> None:
 def _open_up(path) -> None:
     """Gives the owner read, write and search permission on a real directory, so that it can be
     listed and emptied; a link is left alone."""
-    with _quiet():
+    with suppress(OSError):
         mode = os.lstat(path).st_mode
         if stat.S_ISDIR(mode):
             os.chmod(path, stat.S_IMODE(mode) | 0o700)
@@ -393,7 +395,7 @@ def _regular_files(directory) -> list:
     """(DirEntry, lstat) of each regular file in `directory`; one removed meanwhile is left out."""
     out = []
     for f in _listing(directory):
-        with _quiet():
+        with suppress(OSError):
             st = f.stat(follow_symlinks=False)
             if stat.S_ISREG(st.st_mode):
                 out.append((f, st))
@@ -452,14 +454,6 @@ def cubin_sm(abi_version: int, flags: int) -> int | None:
     if abi_version == 8:
         return (flags >> 8) & 0xFF
     return None
-
-
-class _quiet:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return exc[0] is not None and issubclass(exc[0], OSError)
 
 
 PLAN_MAGIC = b"SGPLAN1\0"

@@ -290,6 +290,21 @@ def test_packed_arrays_byte_layout():
     assert not arrays["x"].flags.writeable
 
 
+@pytest.mark.parametrize("pad, start", [(30, 128), (31, 128), (32, 192)])
+def test_packed_arrays_start_at_the_first_64_byte_boundary_after_the_header(pad, start):
+    """Header lengths 111, 112 and 113: magic + length + header = 127, 128 and 129 bytes."""
+    import numpy as np
+
+    header = (b'{"arrays": {"x": {"dtype": "<i2", "offset": 0, "shape": [2]}}, "meta": {"p": "'
+              + b"x" * pad + b'"}}')
+    assert len(header) == 81 + pad
+    expected = (b"SGPLAN1\x00" + len(header).to_bytes(8, "little") + header
+                + bytes(start - 16 - len(header)) + b"\x05\x00\x06\x00" + bytes(60))
+    packed = pack_arrays({"p": "x" * pad}, {"x": np.array([5, 6], dtype="<i2")})
+    assert packed == expected
+    assert unpack_arrays(expected)[1]["x"].tolist() == [5, 6]
+
+
 def test_packed_arrays_keep_their_shape():
     import numpy as np
 
@@ -302,7 +317,7 @@ def test_unpack_rejects_a_payload_without_the_plan_magic():
 
     packed = bytearray(pack_arrays({}, {"x": np.zeros(2, np.int32)}))
     packed[7] = 1  # the magic's last byte
-    with pytest.raises(ValueError, match="not a sparsegen plan"):
+    with pytest.raises(ValueError, match="^not a sparsegen plan$"):
         unpack_arrays(bytes(packed))
 
 
@@ -967,6 +982,8 @@ def test_a_cache_below_a_file_is_refused(tmp_path):
 
 def test_a_name_another_process_removed_first_is_not_counted_or_logged(tmp_path, monkeypatch, caplog):
     c, (a, b, d) = _three(tmp_path, 52)
+    (a.parent / ".tmp-dead.plan").write_bytes(b"half")
+    os.utime(a.parent / ".tmp-dead.plan", (1000, 1000))
     real = os.unlink
 
     def beaten(p, *args, **kw):
