@@ -405,6 +405,8 @@ def cmd_cache(args) -> int:
         entries = cache.entries()
         print(f"directory  {cache.root}")
         print(f"enabled    {cache.active}  (SPARSEGEN_DISABLE_CACHE=1 turns it off)")
+        if cache.refusal():
+            print(f"refused    {cache.refusal()}")
         for kind in ("plan", "format", "stats", "cubin"):
             mine = [e for e in entries if e.kind == kind]
             print(f"{kind:<10} {len(mine)} entries, {sum(e.size for e in mine) / 1e6:.2f} MB")
