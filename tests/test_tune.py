@@ -1,6 +1,8 @@
 """`compile(..., tune=True)`: measured choice among the accepting families, cached by structure."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -96,6 +98,7 @@ def test_tune_times_every_family_keeps_the_fastest_and_caches_it():
     assert again.tuning == k.tuning  # read from the cache, not re-measured
     # stored under the request as asked (the winner's own request carries its family and variant)
     asked = sparsegen.api._request("spmm", 128, None, "float32", k.request.arch, None, False, None, "nonzero", None)
+    asked = dataclasses.replace(asked, device=k.request.device)  # the GPU in use, which the key holds
     assert Cache().get("tune", tune.tune_key(a, asked)) is not None
     x = np.random.default_rng(0).standard_normal((2048, 128)).astype(np.float32)
     assert rel_error(again(x), reference(a, x)) <= 1e-5
