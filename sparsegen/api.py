@@ -193,7 +193,7 @@ def cubin_key(source: str, arch: str) -> str:
 
 def _cubin_for(source: str, arch: str, name: str, cache: Cache, timings: Timings) -> bytes:
     k = cubin_key(source, arch)
-    cubin = cache.get("cubin", k)
+    cubin = cache.get("cubin", k, arch=arch)  # a cubin for another SM is a miss, recompiled
     timings.cached["cubin"] = cubin is not None
     if cubin is None:
         t = time.perf_counter()

@@ -994,3 +994,19 @@ def test_a_name_another_process_removed_first_is_not_counted_or_logged(tmp_path,
     with caplog.at_level(logging.WARNING, logger="sparsegen.cache"):
         assert c.evict() == 0  # every removal was the other process's, so the total never shrank
     assert caplog.text == "" and _left(c) == []
+
+
+def test_compile_recompiles_a_cached_cubin_built_for_another_sm(tmp_path, monkeypatch):
+    """compile() asks the cache for a cubin of its own target: an sm_80 cubin under an sm_90 key is a
+    miss, nvcc runs, and its output replaces the entry."""
+    from sparsegen import api, nvcc
+
+    cache = Cache(tmp_path, active=True)
+    source = "extern \"C\" __global__ void k() {}\n"
+    cache.put("cubin", api.cubin_key(source, "sm_90"), elf_header(flags=0x06005004))  # sm_80
+    fresh = elf_header(flags=0x06005A04)
+    monkeypatch.setattr(nvcc, "compile_cubin", lambda src, arch, name=None: fresh)
+    timings = api.Timings()
+    assert bytes(api._cubin_for(source, "sm_90", "k", cache, timings)) == fresh
+    assert timings.cached["cubin"] is False
+    assert bytes(cache.get("cubin", api.cubin_key(source, "sm_90"), arch="sm_90")) == fresh
