@@ -173,15 +173,22 @@ class Kernel:
         return f"<sparsegen.Kernel {self.spec.name} {self.shape[0]}x{self.shape[1]} backend={self.backend}>"
 
 
-@functools.lru_cache(maxsize=1)
-def generator_fingerprint() -> str:
-    """sha256 of the templates and of sparsegen's own Python files: a plan caches generated source,
-    so any change to the code that generates it (not only a version bump) must miss."""
+# What shapes a plan: the stages from analysis to rendered source, and the rates selection reads.
+PLAN_SOURCES = ("api.py", "analyze.py", "render.py", "families/*.py", "formats/*.py", "select/*.py",
+                "select/rates/*.json")
+
+
+@functools.lru_cache(maxsize=4)
+def generator_fingerprint(package: Path | None = None, templates: Path | None = None) -> str:
+    """sha256 of the templates and of the code that shapes a plan (PLAN_SOURCES): a plan caches
+    generated source, so a change there (not only a version bump) must miss, and a change elsewhere
+    (the CLI, the benchmarks, the readers) keeps the cache."""
     from .render import template_dir
 
-    package = Path(__file__).resolve().parent
-    files = sorted(template_dir().glob("*.j2")) + sorted(package.rglob("*.py"))
-    return key(*(part for f in files for part in (f.name, f.read_bytes())))
+    package = package or Path(__file__).resolve().parent
+    files = sorted((templates or template_dir()).glob("*.j2"))
+    files += sorted(f for pattern in PLAN_SOURCES for f in package.glob(pattern))
+    return key(*(part for f in files for part in (f.relative_to(f.parent.parent).as_posix(), f.read_bytes())))
 
 
 def cubin_key(source: str, arch: str) -> str:

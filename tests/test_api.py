@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -306,3 +307,31 @@ def test_operand_count_reads_alike_on_both_backends():
         k(x, x)
     with pytest.raises(ShapeError, match=r"^csr_rowsplit takes 1 operand\(s\) \(x\), got 0$"):
         runtime._run_host(k.spec.family, _Launcher(k), (), None, None)
+
+
+def test_the_plan_fingerprint_covers_what_shapes_a_plan_and_nothing_else(tmp_path):
+    """Editing the CLI keeps every cached plan; editing a family, a format, the selection, its rates
+    or a template misses."""
+    import shutil
+
+    from sparsegen.api import generator_fingerprint as cached
+    from sparsegen.render import template_dir
+
+    package, templates = tmp_path / "sparsegen", tmp_path / "templates"
+    shutil.copytree(Path(sparsegen.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(template_dir(), templates)
+    generator_fingerprint = cached.__wrapped__  # the files change under the same arguments
+    base = generator_fingerprint(package, templates)
+    for unrelated in ("cli.py", "io/tsv.py", "bench/llm.py", "cache.py"):
+        with open(package / unrelated, "a") as f:
+            f.write("\n# an edit\n")
+        assert generator_fingerprint(package, templates) == base, unrelated
+    for shaping in ("families/csr_rowsplit.py", "formats/csr.py", "select/policy.py", "select/rates/h200.json",
+                    "analyze.py", "render.py", "api.py"):
+        original = (package / shaping).read_bytes()
+        (package / shaping).write_bytes(original + b"\n")
+        assert generator_fingerprint(package, templates) != base, shaping
+        (package / shaping).write_bytes(original)
+    assert generator_fingerprint(package, templates) == base
+    (templates / "csr_rowsplit.cu.j2").write_text((templates / "csr_rowsplit.cu.j2").read_text() + "\n")
+    assert generator_fingerprint(package, templates) != base
