@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import numpy as np
 import pytest
@@ -231,4 +232,23 @@ def test_the_plans_are_within_their_budgets_and_cover_the_fits():
     dense = {(c.m, c.k, c.n) for c in full if c.stage == "cublas"}
     assert all((c.m, c.k, c.n) in dense for c in tiles)  # every tile case has its cuBLAS beside it
     assert cal.QUICK.budget_s == 20.0 and cal.FULL.budget_s == 120.0
+    assert (cal.QUICK.reserve_s, cal.FULL.reserve_s) == (6.0, 12.0)  # what ran past the deadline, with room
     assert json.dumps([c.text for c in quick])  # one line each for the progress output
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_measuring_stops_its_reserve_before_the_budget(tmp_path, monkeypatch, quick):
+    """The deadline leaves room for the case under way, the fit and start-up within the promised
+    budget (20 s quick, 2 minutes full)."""
+    settings, seen = (cal.QUICK if quick else cal.FULL), {}
+    real = cal.measure
+
+    def recording(probe, cases, device, s, emit=print, deadline=None):
+        seen["deadline"] = deadline
+        return real(probe, cases, device, s, emit, None)
+
+    monkeypatch.setattr(cal, "measure", recording)
+    before = time.monotonic()
+    cal.calibrate(quick=quick, out=tmp_path / "r.json", emit=lambda line: None, probe=KnownProbe(h200_truth()))
+    assert before + settings.budget_s - settings.reserve_s - 1.0 <= seen["deadline"]
+    assert seen["deadline"] <= time.monotonic() + settings.budget_s - settings.reserve_s
