@@ -385,7 +385,9 @@ def format_spdnn(r: dict) -> str:
         + (f", transfers {s['transfer']:.3f} ms" if "transfer" in s else "")
         + f"; read {s['read']:.0f} ms, compile {s['compile']:.0f} ms",
     ]
-    if r["teraedges_per_s"]:
+    if r["backend"] != "gpu":  # the emulator's time says nothing of a GPU's throughput
+        lines.append("rate        none: the emulator ran it (TeraEdges/s are measured on the GPU)")
+    elif r["teraedges_per_s"]:
         lines.append(f"rate        {r['teraedges_per_s']:.2f} TeraEdges/s (inputs x edges / inference time)")
     return "\n".join(lines)
 

@@ -248,9 +248,9 @@ def _groups(neurons) -> int:
     n = int(neurons) if int(neurons) == neurons else -1
     g = n // BLOCKS
     if n <= 0 or n % BLOCKS or g & (g - 1) or g < MIN_GROUPS:
-        raise ValueError(f"neurons must be 16 * 2**m with 2**m >= {MIN_GROUPS} "
-                         f"({BLOCKS * MIN_GROUPS}, {2 * BLOCKS * MIN_GROUPS}, ..., 1024, 4096, 16384, 65536), "
-                         f"not {neurons!r}")
+        smallest = ", ".join(str(BLOCKS * MIN_GROUPS << i) for i in range(4))
+        raise ValueError(f"neurons must be 16 * 2**m with 2**m >= {MIN_GROUPS} ({smallest}, ...; the challenge's "
+                         f"are 1024, 4096, 16384 and 65536), not {neurons!r}")
     return g
 
 

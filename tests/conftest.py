@@ -30,7 +30,7 @@ def _gpu_missing() -> str | None:
     from sparsegen import runtime
 
     if not runtime.available():
-        return "no CUDA GPU with PyCUDA here (GPU tier runs on the lent GPU machine)"
+        return "no CUDA GPU with PyCUDA here: the GPU tier needs both (pip install -e \".[gpu]\" on a machine with a GPU)"
     return None
 
 

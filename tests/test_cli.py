@@ -257,3 +257,15 @@ def test_ctrl_c_through_python_dash_m_exits_130():
             proc.kill()
             proc.wait()
     assert proc.returncode == 130 and err == "sparsegen: interrupted\n"
+
+
+def test_spdnn_on_the_emulator_reports_no_rate(tmp_path, examples_dir, capsys):
+    """The emulator's time says nothing of a GPU's throughput: no TeraEdges/s figure is printed."""
+    import shutil
+
+    shutil.copy(examples_dir / "n1024-l1.tsv.gz", tmp_path)
+    code = main(["spdnn", "run", "--weights", str(tmp_path), "--inputs",
+                     str(examples_dir / "sparse-images-1024-first64.tsv.gz"), "--backend", "emulate"])
+    out = capsys.readouterr().out
+    assert code == 0 and "survivors   57" in out
+    assert "rate        none: the emulator ran it" in out and "TeraEdges/s (inputs" not in out

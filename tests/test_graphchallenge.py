@@ -485,3 +485,10 @@ def test_a_layer_value_float32_cannot_hold_is_a_format_error(tmp_path):
     layer.write_text("\n".join(lines) + "\n")
     with pytest.raises(FormatError, match=r"n512-l2\.tsv:7: .*float32.*1e\+?300"):
         gc.read_network(tmp_path)
+
+
+def test_generate_names_the_sizes_it_takes():
+    with pytest.raises(ValueError) as err:
+        gc.generate_network(1000, 1)
+    assert str(err.value) == ("neurons must be 16 * 2**m with 2**m >= 32 (512, 1024, 2048, 4096, ...; the "
+                              "challenge's are 1024, 4096, 16384 and 65536), not 1000")
