@@ -1,6 +1,6 @@
 """`sparsegen calibrate` on the CPU: the fits recover the rates that made their rows, and the whole
 calibration (plan, measuring loop, fits, rates file) run against a probe that answers from known
-rates writes a file that selection then reads. The GPU side (GpuProbe) runs on the lent machine."""
+rates writes a file that selection then reads. The GPU side (GpuProbe) runs where a GPU is."""
 from __future__ import annotations
 
 import dataclasses
