@@ -13,6 +13,7 @@ import json
 import re
 import sys
 import traceback
+import warnings
 from pathlib import Path
 
 from . import __version__
@@ -427,7 +428,9 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         debug = args.debug
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return _fail("interrupted", debug, status=130)
     except (SparsegenError, OSError, ValueError) as exc:
@@ -435,6 +438,11 @@ def main(argv=None) -> int:
     except Exception as exc:  # a bug in sparsegen: still one line, and how to see more
         return _fail(f"error: internal error {type(exc).__name__}: {exc} (a bug in sparsegen: rerun with "
                      f"--debug for the traceback and report it)", debug)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning on the command line is one line for the user, not a pointer into sparsegen's source."""
+    print(f"sparsegen: warning: {one_line(str(message))}", file=sys.stderr if file is None else file)
 
 
 def _fail(line: str, debug: bool, status: int = 2) -> int:

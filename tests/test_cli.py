@@ -269,3 +269,13 @@ def test_spdnn_on_the_emulator_reports_no_rate(tmp_path, examples_dir, capsys):
     out = capsys.readouterr().out
     assert code == 0 and "survivors   57" in out
     assert "rate        none: the emulator ran it" in out and "TeraEdges/s (inputs" not in out
+
+
+def test_a_warning_is_one_line_without_a_pointer_into_the_source(monkeypatch, capsys):
+    from sparsegen import runtime
+
+    monkeypatch.setattr(runtime, "available", lambda: False)  # the emulator runs, with its warning
+    assert main(["demo"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err and all(line.startswith("sparsegen: warning: ") for line in err)
+    assert "no CUDA GPU with PyCUDA here" in err[0] and not any(".py:" in line for line in err)
