@@ -279,3 +279,46 @@ def test_a_warning_is_one_line_without_a_pointer_into_the_source(monkeypatch, ca
     err = capsys.readouterr().err.splitlines()
     assert err and all(line.startswith("sparsegen: warning: ") for line in err)
     assert "no CUDA GPU with PyCUDA here" in err[0] and not any(".py:" in line for line in err)
+
+
+def _spdnn(tmp_path, examples_dir, *extra):
+    import shutil
+
+    shutil.copy(examples_dir / "n1024-l1.tsv.gz", tmp_path)
+    return main(["spdnn", "run", "--weights", str(tmp_path), "--inputs",
+                 str(examples_dir / "sparse-images-1024-first64.tsv.gz"), "--backend", "emulate", "--json", *extra])
+
+
+def test_spdnn_count_takes_the_first_inputs_of_a_tsv_file(tmp_path, examples_dir, capsys):
+    assert _spdnn(tmp_path, examples_dir, "--count", "10") == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["inputs"] == 10 and max(record["categories"]) <= 10 and record["survivors"] == 7
+
+
+def test_spdnn_does_not_check_part_of_a_network_against_the_whole_networks_answer(tmp_path, examples_dir, capsys):
+    answer = tmp_path / "answer.tsv"
+    answer.write_text("1\n2\n")
+    assert _spdnn(tmp_path, examples_dir, "--layers", "1", "--categories", str(answer)) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["check"] == "SKIPPED" and "--layers 1 ran part of it" in record["check_note"]
+
+
+def test_spdnn_says_when_the_inputs_are_narrower_than_the_network(tmp_path, examples_dir, capsys):
+    from sparsegen import graphchallenge as gc
+
+    gc.write_network(gc.generate_network(4096, 1), tmp_path)
+    code = main(["spdnn", "run", "--weights", str(tmp_path), "--inputs",
+                 str(examples_dir / "sparse-images-1024-first64.tsv.gz"), "--backend", "emulate"])
+    err = capsys.readouterr().err
+    assert code == 0 and "the inputs use neurons 1..914 of the network's 4096: inputs made for a smaller network?" in err
+
+
+def test_spdnn_summary_carries_the_checks_note():
+    from sparsegen.cli import format_spdnn
+
+    record = {"layers": 120, "neurons": 1024, "edges": 1, "specs": ["s"], "inputs": 2, "input_nnz": 3, "bias": -0.3,
+              "cap": 32.0, "backend": "gpu", "survivors": 1, "check": "FAILED", "expected": 2,
+              "check_note": "inputs made from MNIST approximate the official ones, so a few categories may differ",
+              "split_ms": {"inference": 1.0, "read": 1.0, "compile": 1.0}, "teraedges_per_s": 1.0}
+    assert ("survivors   1   check FAILED (2 expected categories); inputs made from MNIST approximate the official "
+            "ones, so a few categories may differ") in format_spdnn(record)
