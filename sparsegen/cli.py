@@ -36,7 +36,8 @@ def _request_args(p: argparse.ArgumentParser, n_default: int | None = 128):
     p.add_argument("--op", default="spmm", help="operation (default spmm)")
     p.add_argument("--n", type=int, default=n_default, help="columns of the dense operand (default %(default)s)")
     p.add_argument("--k", type=int, default=None, help="sddmm: the inner dimension (columns of A and B)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                   help="storage dtype of the values and operands; accumulation is float32 (default %(default)s)")
     p.add_argument("--bias", type=float, default=None, help="fuse a bias (one value for every row)")
     p.add_argument("--relu", action="store_true", help="fuse ReLU after the bias")
     p.add_argument("--format", default=None, help="input format (default: from the extension)")
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = _Subcommands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"), debug)
 
     p = sub.add_parser("inspect", help="print a matrix's statistics and the kernel selection with its reason")
-    p.add_argument("file")
+    p.add_argument("file", help="a matrix file: .tsv, .mtx, .npz, .smtx or MNIST IDX, optionally .gz")
     _request_args(p)
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
     p.add_argument("--source", action="store_true", help="also print the generated CUDA source")
@@ -61,28 +62,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("compile", help="generate, compile and dump the kernel for a matrix")
-    p.add_argument("file")
+    p.add_argument("file", help="a matrix file: .tsv, .mtx, .npz, .smtx or MNIST IDX, optionally .gz")
     _request_args(p)
     p.add_argument("--arch", default=None, help="sm_XY (default: SPARSEGEN_ARCH, this GPU's, else sm_90)")
     p.add_argument("--dump", metavar="DIR", required=True, help="write <spec>.cu, <spec>.cubin, selection.json")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("demo", help="compile and run the shipped examples, check against scipy, time them")
-    p.add_argument("--backend", default="auto", choices=["auto", "gpu", "emulate"])
+    p.add_argument("--backend", default="auto", choices=["auto", "gpu", "emulate"],
+                   help="gpu, the NumPy emulator, or auto: the GPU where there is one (default auto)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("spdnn", help="sparse DNN inference (Graph Challenge): run a network, generate one, "
                                      "make inputs from MNIST")
-    p.add_argument("action", nargs="?", default="run", choices=["run", "generate", "mnist"])
+    p.add_argument("action", nargs="?", default="run", choices=["run", "generate", "mnist"],
+                   help="run a network on inputs (default), generate a network, or make inputs from MNIST")
     p.add_argument("--weights", metavar="DIR", help="run: directory of n{N}-l{l}.tsv[.gz] layers")
     p.add_argument("--inputs", metavar="FILE", help="run: inputs as TSV/MTX (image pixel value), or MNIST IDX "
                                                     "images (made into challenge inputs of the network's size)")
     p.add_argument("--categories", metavar="FILE", help="run: the answer file to check against")
     p.add_argument("--bias", type=float, default=None, help="default: the challenge's bias for the network size")
-    p.add_argument("--cap", type=float, default=32.0)
+    p.add_argument("--cap", type=float, default=32.0, help="run: the activation's upper clamp (default %(default)s)")
     p.add_argument("--layers", type=int, default=None, help="run: the first L layers; generate: how many")
     p.add_argument("--count", type=int, default=None, help="use the first COUNT inputs / images")
-    p.add_argument("--backend", default="auto", choices=["auto", "gpu", "emulate"])
+    p.add_argument("--backend", default="auto", choices=["auto", "gpu", "emulate"],
+                   help="run: gpu, the NumPy emulator, or auto: the GPU where there is one (default auto)")
     p.add_argument("--runtime-trips", action="store_true",
                    help="run: the kernel variant that reads widths and buffer counts at run time (not unrolled)")
     p.add_argument("--minibatch", type=int, default=16, help="run: inputs per register pass (multiple of 4)")
@@ -93,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--relabel", default="auto", choices=["auto", "always", "never"],
                    help="run: relabel hidden neurons to shrink footprints (auto: when the first layers show it pays)")
     p.add_argument("--block", type=int, default=None, help="run: output neurons per thread block (multiple of 32)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="run: one JSON object (per-layer alive counts too)")
     p.add_argument("--neurons", type=int, default=1024, help="generate: neurons (16 * a power of two >= 512)")
     p.add_argument("--seed", type=int, default=0, help="generate: seed of the row permutations")
     p.add_argument("--images", metavar="IDX", help="mnist: MNIST images file (idx3-ubyte[.gz])")
@@ -102,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_spdnn)
 
     p = sub.add_parser("cache", help="show or clear the kernel cache")
-    p.add_argument("action", choices=["info", "list", "clear"])
+    p.add_argument("action", choices=["info", "list", "clear"],
+                   help="info: where it is and what it holds; list: every entry; clear: remove them all")
     p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("calibrate", help="measure this GPU and write the rates its selection uses (needs a GPU, "

@@ -322,3 +322,19 @@ def test_spdnn_summary_carries_the_checks_note():
               "split_ms": {"inference": 1.0, "read": 1.0, "compile": 1.0}, "teraedges_per_s": 1.0}
     assert ("survivors   1   check FAILED (2 expected categories); inputs made from MNIST approximate the official "
             "ones, so a few categories may differ") in format_spdnn(record)
+
+
+def test_every_option_and_argument_has_help_text():
+    import argparse
+
+    from sparsegen.cli import build_parser
+
+    def missing(parser, prefix):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from missing(sub, f"{prefix} {name}")
+            elif not action.help and action.dest != "help":
+                yield f"{prefix} {'/'.join(action.option_strings) or action.dest}"
+
+    assert list(missing(build_parser(), "sparsegen")) == []
