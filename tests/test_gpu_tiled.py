@@ -244,8 +244,8 @@ def test_csl_ring_depths_prefetch_and_slot_overflow(stages, n):
 @pytest.mark.parametrize("stages", [2, 3, 4])
 def test_bitmap_odd_n(stages, options, n, granule):
     """Odd N: X rows only 2-byte aligned, so the ring writes the X tile with plain shared stores beside
-    the cp.async copies. N = 1 and 3 with a 3-slot ring gave warp 3's rows wrong at aab391c (600 x 800,
-    64-row tiles); repeated calls check the split-K workspaces are left clean."""
+    the cp.async copies. N = 1 and 3 with a 3-slot ring (600 x 800, 64-row tiles) are where a ring that
+    mixes the two kinds of store goes wrong first; repeated calls check the split-K workspaces are left clean."""
     a = random_csr(600, 800, 0.3, seed=8)
     run_check(a, n, "tiled_bitmap_spmm", calls=3, stages=stages, granule=granule, **{"tile_m": 64, **options})
 

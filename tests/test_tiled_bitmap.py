@@ -448,7 +448,7 @@ def test_every_chosen_spec_fits_an_sm_with_the_residency_it_asks_for(m, k, densi
 
 @pytest.mark.parametrize("n", [1, 7, 33])
 def test_odd_n_is_accepted_priced_and_emulated(n):
-    """Odd N (declined from aab391c until the H100 gave right rows again: test_gpu_tiled.test_bitmap_odd_n)."""
+    """Odd N is taken (the GPU tier checks its rows: test_gpu_tiled.test_bitmap_odd_n)."""
     a = random_csr(300, 400, 0.3, seed=2)
     kernel, y, ref = emulate(a, n, "float16", None, False, 2)
     assert kernel.spec.family == fam.FAMILY and kernel.spec.xv == 1 and y.shape == (300, n)

@@ -89,8 +89,8 @@ def test_partial_wave_factor_charges_a_grid_short_of_one_wave():
 
 
 def test_small_square_at_n32_stays_dense():
-    """dlmc run 21 (9eb8182, before partial_wave_factor): random/4096/0.9 at n = 32 picked Tiled-CSL,
-    5 x 32 = 160 blocks, predicted 15.1 us against cuBLAS's 16.2 and measured 21.5 against 11.4."""
+    """random/4096/0.9 at n = 32: Tiled-CSL's 5 x 32 = 160 blocks are short of two waves; costed as one
+    full wave per partial one it is slower than cuBLAS, as measured (21.5 us against 11.4)."""
     from sparsegen.select import select_request
 
     from .tiled_helpers import pinned_library

@@ -52,7 +52,7 @@ LONG_K = 128
 # sweep: its tiles cost about what they cost at 30 % fill, which in dlmc.json ran 1.05-1.10x ahead of
 # the gather at 20 % (30.9 against 32.4 us at k = 128, 50.4 against 55.6 at 256).
 LONG_K_BOUNDS = ((0.28, 0.5), (0.25, 0.9), (0.19, 3.0))  # k >= LONG_K (the 80 % squares fill 19.995 %)
-# MIN_K <= k < LONG_K. The second pair: in the sweep after 4299f57 (probes/sddmm_sweep_crossover.txt)
+# MIN_K <= k < LONG_K. The second pair: in the crossover sweep (probes/sddmm_sweep_crossover.txt)
 # 30 % fill at k = 32 ran 1.12-1.38x faster than sputnik_sddmm on grids of 1.9-31 tiles per SM (the
 # 1000 x 2048 layers, the 2048-8192 squares) and 0.92-0.97x on grids of 0.97.
 SHORT_K_BOUNDS = ((0.33, 0.9), (0.28, 1.5))

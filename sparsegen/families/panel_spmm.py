@@ -51,8 +51,7 @@ FINISH_THREADS = 256
 MIN_DENSITY = 0.05
 MIN_K = 2048
 MAX_M = 1024
-# Narrow X (n <= 128) needs more density: once sputnik_spmm split few rows over row groups (584fb17)
-# it beat this kernel on all 22 DLMC cases at 8-11 % density and n = 32/128 that this kernel had
+# Narrow X (n <= 128) needs more density: sputnik_spmm, splitting few rows over row groups, beats this kernel on all 22 DLMC cases at 8-11 % density and n = 32/128 that this kernel had
 # (1.25x geomean, 1.02-1.56x; probes/spmm_sweep_sputnik_ksplit_dlmc_*.json against dlmc.json,
 # each against its own run's cuSPARSE), while at 18-20 % and at n >= 256 the two tie or this wins.
 NARROW_N = 128

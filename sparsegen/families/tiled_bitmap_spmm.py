@@ -184,9 +184,8 @@ def describe(stats, request: Request, spec: Spec, why: str) -> str:
 
 def gate(stats, request: Request):
     """The tile families' gate, and what only the bitmap kernel refuses: k-groups and unknown granules.
-    Odd N is taken: the wrong rows the H100 gave for N = 1 and 3 with a 3-slot ring at aab391c (declined
-    since) are right on today's ring, racecheck clean (benchmarks/repro_bitmap_odd_n.py);
-    tests/test_gpu_tiled.py keeps those configurations."""
+    Odd N is taken: N = 1 and 3 with a 3-slot ring give right rows, racecheck clean
+    (benchmarks/repro_bitmap_odd_n.py); tests/test_gpu_tiled.py keeps those configurations."""
     declined = T.gate(stats, request)
     if declined is None and T.request_warp_k(request) != 1:
         return decline(f"options warp_k={T.request_warp_k(request)}: the bitmap encoding slices each tile by "
