@@ -72,36 +72,32 @@ def skinny_verdict(comparison: skinny_cost.Comparison, family: str) -> tuple[boo
 
 # ---- the tensor-core tile families ------------------------------------------------------------
 
-def tiled_csl_rule(costs: Costs) -> Decision:
-    """Tiled-CSL where the skinny model predicts it fastest (or when asked for by options family=)."""
+def tile_rule(costs: Costs, family, label: str, describe) -> Decision:
+    """A tile family where the skinny model predicts it fastest (or when asked for by options family=);
+    `describe(spec, why)` is the family's account of its spec."""
     stats, request = costs.stats, costs.request
-    declined = csl.gate(stats, request)
+    declined = family.gate(stats, request)
     if declined is not None:
         return declined
-    if request.option("family") == csl.FAMILY:
-        spec, why = skinny_cost.build(stats, request, csl.FAMILY)
-        return accept(spec, f"Tiled-CSL as asked; {why}")
-    ok, reason = skinny_verdict(costs.skinny, csl.FAMILY)
+    if request.option("family") == family.FAMILY:
+        spec, why = skinny_cost.build(stats, request, family.FAMILY)
+        return accept(spec, f"{label} as asked; {describe(spec, why)}")
+    ok, reason = skinny_verdict(costs.skinny, family.FAMILY)
     if not ok:
         return decline(reason)
-    mine = costs.skinny.get(csl.FAMILY)
-    return accept(mine.spec, f"{reason}; {mine.why}")
+    mine = costs.skinny.get(family.FAMILY)
+    return accept(mine.spec, f"{reason}; {describe(mine.spec, mine.why)}")
+
+
+def tiled_csl_rule(costs: Costs) -> Decision:
+    """Tiled-CSL where the skinny model predicts it fastest (or when asked for by options family=)."""
+    return tile_rule(costs, csl, "Tiled-CSL", lambda spec, why: why)
 
 
 def tiled_bitmap_rule(costs: Costs) -> Decision:
     """bitmap where the skinny model predicts it fastest (or when asked for by options family=)."""
-    stats, request = costs.stats, costs.request
-    declined = bitmap.gate(stats, request)
-    if declined is not None:
-        return declined
-    if request.option("family") == bitmap.FAMILY:
-        spec, why = skinny_cost.build(stats, request, bitmap.FAMILY)
-        return accept(spec, f"bitmap as asked; {bitmap.describe(stats, request, spec, why)}")
-    ok, reason = skinny_verdict(costs.skinny, bitmap.FAMILY)
-    if not ok:
-        return decline(reason)
-    mine = costs.skinny.get(bitmap.FAMILY)
-    return accept(mine.spec, f"{reason}; {bitmap.describe(stats, request, mine.spec, mine.why)}")
+    return tile_rule(costs, bitmap, "bitmap",
+                     lambda spec, why: bitmap.describe(costs.stats, costs.request, spec, why))
 
 
 # ---- dense ------------------------------------------------------------------------------------
