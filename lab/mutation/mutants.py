@@ -48,11 +48,12 @@ class Mutant:
     mutated: str  # what replaces it
     start: int  # character offsets of the replaced segment in the module's source
     end: int
+    nth: int = 0  # earlier mutants of the same function with the same original and mutated text
 
     @property
-    def key(self) -> tuple[str, str, str]:
+    def key(self) -> tuple[str, str, str, int]:
         """What identifies the mutant across edits elsewhere in the file (lines move, this does not)."""
-        return (self.function, self.original, self.mutated)
+        return (self.function, self.original, self.mutated, self.nth)
 
     def apply(self, source: str) -> str:
         return source[:self.start] + self.mutated + source[self.end:]
@@ -311,5 +312,9 @@ def find(source: str) -> list[Mutant]:
         line_text = original if len(original) <= 120 else original[:117] + "..."
         out.append(Mutant(len(out), op, function, node.lineno, node.col_offset, line_text, text, start, end))
     out.sort(key=lambda m: (m.start, m.end, m.op, m.mutated))
-    return [Mutant(i, m.op, m.function, m.line, m.col, m.original, m.mutated, m.start, m.end)
-            for i, m in enumerate(out)]
+    final, count = [], {}
+    for i, m in enumerate(out):
+        nth = count.get((m.function, m.original, m.mutated), 0)
+        count[(m.function, m.original, m.mutated)] = nth + 1
+        final.append(Mutant(i, m.op, m.function, m.line, m.col, m.original, m.mutated, m.start, m.end, nth))
+    return final

@@ -3,7 +3,7 @@
     python lab/mutation/run.py --list                          # the configured modules and their tests
     python lab/mutation/run.py --module analyze                # every mutant of one module
     python lab/mutation/run.py --module formats/ --sample 40   # 40 mutants (seeded) of each formats/ module
-    python lab/mutation/run.py --module analyze --survivors    # only last run's survivors, after new tests
+    python lab/mutation/run.py --module analyze --survivors    # re-run last run's survivors, merged into it
     python lab/mutation/run.py --nightly                       # every configured module, every mutant
 
 Modules and the tests that cover them are in `modules.toml` (next to this file); mutants judged
@@ -25,7 +25,8 @@ reason; out of the score). Score = (killed + timeout) / (mutants - equivalent).
 
 Results: <out>/<module>.json per module (every mutant, its status and time) and <out>/summary.md
 (per-module scores, each surviving mutant with its line and text), regenerated from every JSON
-in <out>. Default out: lab/mutation/results/.
+in <out>. Default out: lab/mutation/results/. `--survivors` re-runs only the mutants that survived
+the module's last run and merges their new status into that run's JSON (its time is listed apart).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ import fnmatch
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -75,7 +77,7 @@ def load_config(path: Path) -> dict:
 
 
 def load_equivalents(path: Path) -> dict:
-    """{(module, function, original, mutated): reason}."""
+    """{(module, function, original, mutated, nth): reason}."""
     if not path.is_file():
         return {}
     with open(path, "rb") as f:
@@ -85,7 +87,7 @@ def load_equivalents(path: Path) -> dict:
         missing = {"module", "function", "original", "mutated", "reason"} - set(e)
         if missing:
             raise SystemExit(f"{path}: entry {e}: missing {sorted(missing)}")
-        out[(e["module"], e["function"], e["original"], e["mutated"])] = e["reason"]
+        out[(e["module"], e["function"], e["original"], e["mutated"], int(e.get("nth", 0)))] = e["reason"]
     return out
 
 
@@ -317,7 +319,11 @@ def run_module(name: str, conf: dict, args, scratch: Path, equivalents: dict, ou
         print("\ninterrupted: writing the mutants run so far", flush=True)
         args.interrupted = True
     print()
-    summary = summarize(name, results, len(all_mutants), time.monotonic() - t_start, clean_s, tests, args)
+    seconds = time.monotonic() - t_start
+    if args.survivors:
+        summary = merge_rerun(out_dir / f"{slug(name)}.json", results, seconds, clean_s, tests, args)
+    else:
+        summary = summarize(name, results, len(all_mutants), seconds, clean_s, tests, args)
     (out_dir / f"{slug(name)}.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"   {summary['score_text']}", flush=True)
     return summary
@@ -327,6 +333,23 @@ def slug(name: str) -> str:
     return name.removeprefix("sparsegen/").removesuffix(".py").replace("/", ".")
 
 
+def merge_rerun(previous: Path, results, seconds, clean_s, tests, args) -> dict:
+    """The previous run of the module with its survivors' records replaced by this re-run's: the
+    score of the whole mutant set after new tests (a killed mutant stays killed when tests are only
+    added). `seconds` stays the full run's; the re-run's time is kept apart."""
+    prev = json.loads(previous.read_text())
+    new = {tuple(r["key"]): r for r in results}
+    merged = [new.pop(tuple(r["key"]), r) for r in prev["mutants"]]
+    merged += list(new.values())
+    reruns = prev.get("reruns", []) + [{"date": time.strftime("%Y-%m-%d %H:%M"), "mutants": len(results),
+                                        "seconds": round(seconds, 1), "tests": tests}]
+    was = argparse.Namespace(**{**vars(args), "survivors": False, "sample": prev["sample"], "seed": prev["seed"]})
+    summary = summarize(prev["module"], merged, prev["mutants_total"], prev["seconds"], clean_s, tests, was)
+    summary["reruns"] = reruns
+    summary["score_text"] += f"; survivors re-run {reruns[-1]['date']} ({len(results)} mutants, {seconds:.0f} s)"
+    return summary
+
+
 def summarize(name, results, total, seconds, clean_s, tests, args) -> dict:
     count = {s: sum(r["status"] == s for r in results)
              for s in ("killed", "timeout", "survived", "uncovered", "equivalent")}
@@ -334,11 +357,9 @@ def summarize(name, results, total, seconds, clean_s, tests, args) -> dict:
     detected = count["killed"] + count["timeout"]
     score = detected / judged if judged else 1.0
     scope = "all" if len(results) == total else f"{len(results)} of {total}"
-    if args.survivors:
-        scope += " (previous survivors only)"
     return {
         "module": name, "tests": tests, "mutants_total": total, "mutants_run": len(results),
-        "sample": args.sample, "seed": args.seed, "survivors_only": bool(args.survivors),
+        "sample": args.sample, "seed": args.seed,
         "counts": count, "score": round(score, 4), "seconds": round(seconds, 1), "clean_seconds": round(clean_s, 1),
         "date": time.strftime("%Y-%m-%d %H:%M"), "fork": not args.no_fork,
         "score_text": f"{name}: {detected}/{judged} = {100 * score:.1f} % ({scope} mutants; "
@@ -411,7 +432,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=46)
     ap.add_argument("--survivors", action="store_true", help="only the mutants that survived the module's last run")
     ap.add_argument("--function", action="append", default=[], help="only mutants in functions matching this glob")
-    ap.add_argument("--tests", nargs="+", help="run these tests instead of the configured ones")
+    ap.add_argument("--tests", type=shlex.split, help="pytest arguments to run instead of the configured "
+                    "tests, one string: --tests 'tests/test_io.py -m \"not gpu\"'")
     ap.add_argument("--no-fork", action="store_true", help="a fresh `python` process per mutant")
     ap.add_argument("--timeout-factor", type=float, default=3.0, help="mutant timeout = factor x clean run")
     ap.add_argument("--min-timeout", type=float, default=30.0)
