@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import importlib
 import json
 import math
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -181,8 +183,13 @@ def test_six_by_eight_every_field():
     # one 6x8 edge tile holding 18 of 48: density .375 -> bin 3, not dense
     assert s.tiles == TileStats(128, 64, 1, 1, 18, 18.0, 0.0, (0, 0, 0, 1, 0, 0, 0, 0, 0, 0),
                                 (0.0, 0.0, 0.0, 18 / 48, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))  # the 6 x 8 edge tile's own area
-    assert s.structure_hash == structure_hash(a) and len(s.structure_hash) == 64
-    assert s.values_hash == values_hash(a) and s.values_hash != s.structure_hash
+    # the hashes of the documented byte streams (header, indptr as <i8, indices as <i4; data as <f4)
+    indptr, indices = [0, 3, 3, 4, 8, 10, 18], [0, 1, 2, 7, 0, 2, 4, 6, 1, 3, *range(8)]
+    assert s.structure_hash == hashlib.sha256(
+        b"sparsegen.structure.v1 shape=6,8 indptr=<i8 indices=<i4\n" + struct.pack("<7q", *indptr)
+        + struct.pack("<18i", *indices)).hexdigest()
+    assert s.values_hash == hashlib.sha256(
+        b"sparsegen.values.v1 dtype=<f4\n" + struct.pack("<18f", 1, 1, 1, 2, 3, 3, 3, 3, 4, 4, *[5] * 8)).hexdigest()
 
 
 def test_empty_rows_every_field():
