@@ -443,13 +443,19 @@ def test_tiled_bitmap_default_tile_relu_and_old_plans():
     assert bitmap.decode(older).nnz == 5  # a plan from before register pairs: one bit an element
 
 
-def test_consumption_order_past_65536_fragments_in_a_band():
-    # 1025 tiles of 256 x 64 in one band: fragment 4 of tile 0 and fragment 0 of tile 1024 (65536)
-    a = csr((256, 65600), {(0, 16): 1.0, (0, 65536): 2.0})
-    plan = bitmap.encode(a, "float16", tile_m=256)
-    assert plan.arrays["values"][:2].tolist() == [F16[1.0], 0] and plan.arrays["values"][-8:][0] == F16[2.0]
+@pytest.mark.parametrize("granule", [1, 2])
+def test_consumption_order_past_65536_fragments_in_a_band(granule):
+    # 1025 tiles of 256 x 64 in one band (64 fragments a tile): fragment 1 of tile 0 (global 1),
+    # fragments 0 and 2 of tile 1024 (global 65536 and 65538, one warp slice). Sorted on their low
+    # 16 bits alone they would interleave (65536, 1, 65538) and split that slice's values.
+    a = csr((256, 65600), {(16, 0): 1.0, (0, 65536): 2.0, (32, 65536): 3.0})
+    plan = bitmap.encode(a, "float16", tile_m=256, granule=granule)
+    last = plan.arrays["values"][-8 // granule:][:2]
+    assert (last & 0xFFFF).tolist() == [F16[2.0], F16[3.0]]  # tile 1024's slice, fragment by fragment
     d = bitmap.decode(plan)
-    assert sorted(zip(d.row.tolist(), d.col.tolist(), d.data.tolist())) == [(0, 16, 1.0), (0, 65536, 2.0)]
+    real = d.data != 0
+    assert sorted(zip(d.row[real].tolist(), d.col[real].tolist(), d.data[real].tolist())) == \
+        [(0, 65536, 2.0), (16, 0, 1.0), (32, 65536, 3.0)]
 
 
 def test_tiled_bitmap_empty_matrix():
