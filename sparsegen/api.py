@@ -309,7 +309,8 @@ def _positive_int(v) -> bool:
 def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = None,  # noqa: A001
             dtype: str = "float32", bias=None, relu: bool = False, cap: float | None = None,
             bias_rule: str = "nonzero", options: dict | None = None, arch: str | None = None,
-            backend: str = "auto", tune: bool = False, reproduce: str = "", device=None, **load_options) -> Kernel:
+            backend: str = "auto", tune: bool | None = None, reproduce: str = "", device=None,
+            **load_options) -> Kernel:
     """Compile a kernel specialised for `matrix` (scipy sparse, dense 2-D array, or a file path).
 
     op="spmm" computes Y = A·X (+ bias per row, then ReLU when asked) for X of shape (A.cols, n).
@@ -320,43 +321,65 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
     as the Graph Challenge adds it, or "all"). `options` tunes the family (e.g. minibatch).
     backend: "gpu", "emulate" (NumPy, exactly as the kernel reads the plan) or "auto" (GPU when
     there is one). Plans and cubins are cached (see README: Cache).
-    tune=True (GPU only): compile every family that accepts the request, time each once on the GPU
-    with random operands, and return the fastest; the winner is cached by structure and request,
-    so later calls with tune=True compile only it. `kernel.tuning` lists the times.
+    tune: None (default) times, on the GPU, the candidates the cost model cannot tell apart within
+    its measured error (`selection.contenders`) and keeps the fastest (`SPARSEGEN_TUNE=off` keeps
+    the model's choice); True times every family that accepts the request; False never times.
+    Measured winners are cached by structure and request. `kernel.tuning` lists the times.
     device: the `DeviceModel` selection plans for (default: the GPU in use for backend "gpu", else
     the default device); its identity is part of the plan's cache key.
     """
     t0 = time.perf_counter()
-    timings = Timings()
     path = matrix if isinstance(matrix, (str, os.PathLike)) else None
     if path is not None:
         reproduce = reproduce or f"sparsegen compile {matrix} {request_flags(op, n, k, dtype)}"
         matrix = load(matrix, **load_options)
     elif load_options:
         raise SparsegenError(f"unexpected options {sorted(load_options)} (reader options apply to file paths)")
+    if tune not in (None, True, False):
+        raise SparsegenError(f"tune: expected None, True or False, got {tune!r}")
     csr = as_csr(matrix)
     backend = _resolve_backend(backend)
     arch = _resolve_arch(arch, backend)
     device = _resolve_device(device, backend)
-    request = _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, options)
+
+    def request_for(opts) -> Request:
+        request = _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, opts)
+        return dataclasses.replace(request, device=device)  # the GPU selection plans for
+
+    request = request_for(options)
     _check_stored_values(csr, request, path)
+    t = time.perf_counter()
+    hashes = _hashes(csr)
+    hashed = time.perf_counter() - t
+
+    def compile_with(opts) -> Kernel:
+        return _compile_request(csr, request_for(opts), bias, backend, arch, reproduce, hashes,
+                                Timings(hash=hashed), time.perf_counter())
+
     if tune:
         from .tune import tuned
 
-        return tuned(csr, dataclasses.replace(request, device=device), backend,
-                     lambda opts: compile(csr, op, n=n, k=k, dtype=dtype, bias=bias, relu=relu, cap=cap,
-                                          bias_rule=bias_rule, options=opts, arch=arch, backend=backend,
-                                          reproduce=reproduce, device=device))
-    request = dataclasses.replace(request, device=device)  # the GPU selection plans for
-    bias_vec = _bias_vector(bias, csr.shape[0]) if op == "spmm" else None
-    cache = Cache()
+        return tuned(csr, request, backend, compile_with, structure=hashes[0])
+    kernel = _compile_request(csr, request, bias, backend, arch, reproduce, hashes, Timings(hash=hashed), t0)
+    from .tune import measures_contenders
 
-    t = time.perf_counter()
-    structure, values = _hashes(csr)
+    if measures_contenders(tune, backend, kernel.selection):
+        from .tune import tuned
+
+        return tuned(csr, request, backend, compile_with, kernel.selection.contenders, kernel.selection,
+                     structure=hashes[0])
+    return kernel
+
+
+def _compile_request(csr, request: Request, bias, backend: str, arch: str, reproduce: str, hashes: tuple,
+                     timings: Timings, t0: float) -> Kernel:
+    """The plan (cached or built) and, for the GPU, its cubin: one request, the matrix hashed."""
+    structure, values = hashes
+    bias_vec = _bias_vector(bias, csr.shape[0]) if request.op == "spmm" else None
+    cache = Cache()
     bias_bytes = bias_vec.tobytes() if bias_vec is not None else b""
     plan_key = key("plan", __version__, generator_fingerprint(), structure, values, bias_bytes,
                    repr(sorted(vars(request).items())), request.device.digest)  # selection reads the device
-    timings.hash = time.perf_counter() - t
     kernel = _load_plan(cache, plan_key, request, backend, arch, structure, timings)
     if kernel is None:
         stored = Stored(cache, structure, values, bias_bytes)

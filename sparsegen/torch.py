@@ -106,7 +106,7 @@ class SparseLinear(torch.nn.Module):
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, dtype=None,
-                 options: dict | None = None, tune: bool = False, backend: str = "gpu", max_kernels: int = 8):
+                 options: dict | None = None, tune: bool | None = None, backend: str = "gpu", max_kernels: int = 8):
         super().__init__()
         if weight.dim() != 2:
             raise ShapeError(f"weight: expected a 2-D (out_features, in_features) tensor, "
@@ -122,14 +122,14 @@ class SparseLinear(torch.nn.Module):
         self.csr = _csr(weight, DTYPES[self.dtype])
         self.bias = None if bias is None else _bias(bias, self.out_features, DTYPES[self.dtype])
         self.options = dict(options or {})
-        self.tune = bool(tune)
+        self.tune = tune
         self.backend = backend
         self.max_kernels = max_kernels
         self._kernels: OrderedDict[int, api.Kernel] = OrderedDict()
 
     @classmethod
     def from_dense(cls, linear: torch.nn.Linear, sparsity: float, method: str = "magnitude", dtype=None,
-                   options: dict | None = None, tune: bool = False, backend: str = "gpu",
+                   options: dict | None = None, tune: bool | None = None, backend: str = "gpu",
                    max_kernels: int = 8) -> "SparseLinear":
         """Prune `linear` (keep the largest |w|: round(sparsity·numel) weights become zero, see
         `magnitude_prune`) and wrap it. `dtype` (default: the weight's) is what the kernel computes
@@ -328,7 +328,7 @@ class SparsifyReport:
 
 
 def sparsify(model: torch.nn.Module, sparsity: float, *, include: Callable[[str], bool] | None = None,
-             method: str = "magnitude", dtype=None, options: dict | None = None, tune: bool = False,
+             method: str = "magnitude", dtype=None, options: dict | None = None, tune: bool | None = None,
              backend: str = "gpu", precompile=(), max_kernels: int = 8) -> SparsifyReport:
     """Replace every nn.Linear of `model` (those whose qualified name `include` accepts, when given)
     by `SparseLinear.from_dense(...)`, in place; returns a report of what changed.

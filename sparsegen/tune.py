@@ -1,16 +1,21 @@
-"""Measured selection (`compile(..., tune=True)`): time every family that accepts, keep the fastest.
+"""Measured selection: time candidates on the GPU, keep the fastest.
 
-The rule table predicts; tuning measures. Each family that accepts the request (forced through
+`compile(..., tune=True)` times every family that accepts the request (forced through
 `options={"family": name}`), in each of the variants it offers for tuning (`tune_variants`:
-tiled_bitmap_spmm's two encodings, sputnik_spmm's row splits), is compiled and timed once on the GPU
-with random operands (a variant that compiles to a spec already timed is not timed again);
-the winner's family and options are cached under the matrix structure and the request, so a later
-`tune=True` compile of the same structure goes straight to it.
+tiled_bitmap_spmm's two encodings, sputnik_spmm's row splits). By default (`tune=None`) only the
+selection's contenders are timed: the candidates the cost model cannot tell apart within its
+measured error (`Selection.contenders`, docs/decisions/004-measured-contenders.md);
+`SPARSEGEN_TUNE=off` keeps the model's choice instead. A variant that compiles to a spec already
+timed is not timed again; the winner's family and options are cached under the matrix structure,
+the request and which candidates were timed, so a later compile goes straight to it.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
+import statistics
 import warnings
 from dataclasses import dataclass
 
@@ -23,6 +28,9 @@ from .errors import UnsupportedError
 
 log = logging.getLogger("sparsegen")
 RUNS = 20
+BATCHES = 5  # time_kernel's median is over this many batches of RUNS // BATCHES launches
+ENV_TUNE = "SPARSEGEN_TUNE"
+OFF = ("0", "off", "false", "no")
 
 
 @dataclass(frozen=True)
@@ -36,32 +44,44 @@ class Trial:
     options: str = ""
 
 
-def tune_key(csr, request) -> str:
+def tune_key(csr, request, variants=None, structure: str | None = None) -> str:
+    """The cache key of a measured choice: the structure (`structure`, when the caller has hashed it
+    already), the request but for its family option, and which candidates were timed."""
     from .api import generator_fingerprint
 
     fields = sorted((k, v) for k, v in vars(request).items() if k != "options")
     options = sorted((k, v) for k, v in request.options if k != "family")
-    return key("tune", __version__, generator_fingerprint(), structure_hash(csr), repr(fields), repr(options))
+    scope = "every family" if variants is None else repr(sorted(variants))
+    return key("tune", __version__, generator_fingerprint(), structure or structure_hash(csr), repr(fields), repr(options), scope)
 
 
-def tuned(csr, request, backend: str, compile_with):
-    """The fastest accepting family's kernel; `compile_with(options)` compiles one candidate."""
+def measures_contenders(tune, backend: str, selection) -> bool:
+    """Whether compile() times the selection's contenders: by default (tune=None) on the GPU, where
+    the model left more than one, unless SPARSEGEN_TUNE turns it off."""
+    return (tune is None and backend == "gpu" and len(selection.contenders) > 1
+            and os.environ.get(ENV_TUNE, "").strip().lower() not in OFF)
+
+
+def tuned(csr, request, backend: str, compile_with, variants=None, model=None, structure: str | None = None):
+    """The fastest candidate's kernel; `compile_with(options)` compiles one candidate. The candidates
+    are every accepting family (`variants` None) or the given forced options (the selection's
+    contenders; `model` is that selection, whose reason the winner's reason quotes)."""
     base = {k: v for k, v in request.options if k != "family"}
     if backend != "gpu":
         warnings.warn("tune=True measures on the GPU; with the emulator the rule table's choice is used",
                       RuntimeWarning, stacklevel=3)
         return compile_with(dict(request.options) or None)
     cache = Cache()
-    k = tune_key(csr, request)
+    k = tune_key(csr, request, variants, structure)
     hit = cache.get("tune", k)
     if hit is not None:
         record = json.loads(bytes(hit))
         kernel = compile_with({**base, "family": record["family"], **record.get("options", {})})
-        kernel.tuning = tuple(Trial(**t) for t in record["trials"])
-        return kernel
+        return _measured(kernel, tuple(Trial(**t) for t in record["trials"]), model)
     built = {}  # spec name -> (kernel, its variant's options)
     trials = []
-    for family, variant in candidates(request):
+    listed = candidates(request) if variants is None else [_split(v) for v in variants]
+    for family, variant in listed:
         try:
             kern = compile_with({**base, "family": family, **variant})
         except UnsupportedError:
@@ -77,7 +97,25 @@ def tuned(csr, request, backend: str, compile_with):
     kernel, variant = built[best.spec]
     cache.put("tune", k, json.dumps({"family": best.family, "options": variant,
                                      "trials": [vars(t) for t in trials]}).encode())
-    kernel.tuning = tuple(trials)
+    return _measured(kernel, tuple(trials), model)
+
+
+def _split(variant) -> tuple[str, dict]:
+    """(family, other options) of a contender's forced options."""
+    options = dict(variant)
+    return options.pop("family"), options
+
+
+def _measured(kernel, trials: tuple, model):
+    """The winner with its trials; after timing contenders, its selection says so and quotes the
+    model's reason."""
+    kernel.tuning = trials
+    if model is not None:
+        times = ", ".join(f"{t.family}{' ' + t.options if t.options else ''} {t.ms * 1e3:.1f} us" for t in trials)
+        kernel.selection = dataclasses.replace(
+            kernel.selection, rule="measured", contenders=model.contenders,
+            reason=f"measured fastest of the contenders the model could not tell apart ({times}); "
+                   f"the model chose {model.spec.family}: {model.reason}")
     return kernel
 
 
@@ -111,7 +149,8 @@ def _callable_families(request) -> list:
 
 
 def time_kernel(kernel, runs: int = RUNS) -> float:
-    """Mean GPU milliseconds of one launch on random operands of the kernel's shapes."""
+    """GPU milliseconds of one launch on random operands of the kernel's shapes: the median of
+    BATCHES batches' means (one slow batch, a clock change or a neighbour, does not decide)."""
     from . import runtime
 
     inputs, output = kernel.family.operands(kernel.spec, kernel.plan)
@@ -120,4 +159,6 @@ def time_kernel(kernel, runs: int = RUNS) -> float:
     import pycuda.gpuarray as gpuarray
 
     out = gpuarray.empty(output.shape, dtype=output.dtype)
-    return runtime.time_ms(lambda: kernel(*args, out=out), runs=runs)
+    per_batch = max(1, runs // BATCHES)
+    return statistics.median(runtime.time_ms(lambda: kernel(*args, out=out), runs=per_batch)
+                             for _ in range(BATCHES))

@@ -42,6 +42,23 @@ class Costs:
         r = self.request
         return fp32_cost.judge(self.stats, r.n, r.device.rates, r.bias or r.relu)
 
+    def contenders(self, family: str) -> tuple:
+        """The compile options forcing each candidate worth timing where the skinny model picked
+        `family` but cannot tell it from others (`Comparison.contenders`): () where it can, where it
+        did not decide, or where the request forced a family."""
+        if "skinny" not in self.__dict__ or self.request.option("family") is not None:
+            return ()
+        win = self.skinny.winner()
+        if win is None or win.family != family:
+            return ()
+        return tuple(v for p in self.skinny.contenders() for v in self._variants(p.family))
+
+    def _variants(self, family: str) -> tuple:
+        """bitmap in both encodings unless the request fixes one; the other families as they are."""
+        if family == bitmap.FAMILY and self.request.option("granule") is None:
+            return tuple((("family", family), ("granule", g)) for g in (1, 2))
+        return ((("family", family),),)
+
 
 @dataclass(frozen=True)
 class PolicyRule:

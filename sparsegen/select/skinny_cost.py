@@ -189,6 +189,22 @@ class Comparison:
             return dense
         return sparse
 
+    def contenders(self) -> tuple:
+        """The tile and dense predictions the model cannot tell from the fastest one: each within the
+        sum of its own and the fastest's measured errors (dense carries none of its own: a sparse
+        key's error is the error of its ratio to dense). Empty when the fastest stands alone. On the
+        GPU these are timed and the fastest measured is kept (docs/decisions/004-measured-contenders.md)."""
+        pool = [p for p in self.predictions if p.family != CSR]
+        if len(pool) < 2:
+            return ()
+
+        def error(p: Prediction) -> float:
+            return 0.0 if p.family == DENSE else self.errors.of(p.key)
+
+        best = pool[0]
+        close = tuple(p for p in pool if p.seconds <= best.seconds * (1.0 + error(p) + error(best)))
+        return close if len(close) > 1 else ()
+
     def summary(self) -> str:
         return ", ".join(p.text for p in self.predictions)
 

@@ -25,6 +25,9 @@ class Selection:
     rule: str
     candidates: tuple = ()  # ((rule, spec, reason), ...) accepted by later rules
     tried: tuple = ()  # ((rule, accepted, reason), ...) in table order
+    # compile options forcing each candidate the cost model cannot tell from the chosen one, which the
+    # GPU times (`policy.Costs.contenders`); empty where the model's choice stands alone
+    contenders: tuple = ()
 
     def to_dict(self) -> dict:
         return {
@@ -36,13 +39,15 @@ class Selection:
             "candidates": [{"rule": r, "spec": s.name, "reason": why, "params": s.to_dict()}
                            for r, s, why in self.candidates],
             "tried": [{"rule": r, "accepted": ok, "reason": why} for r, ok, why in self.tried],
+            "contenders": [dict(c) for c in self.contenders],
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> "Selection":
         return cls(spec_from_dict(d["params"]), d["reason"], d["rule"],
                    tuple((c["rule"], spec_from_dict(c["params"]), c["reason"]) for c in d["candidates"]),
-                   tuple((t["rule"], t["accepted"], t["reason"]) for t in d["tried"]))
+                   tuple((t["rule"], t["accepted"], t["reason"]) for t in d["tried"]),
+                   tuple(tuple(sorted(c.items())) for c in d.get("contenders", ())))
 
 
 def decide(rule, stats, request: Request, costs: policy.Costs):
@@ -80,7 +85,7 @@ def select_request(stats, request: Request, rules=RULES) -> Selection:
         declines = [(name, why) for name, _, why in tried]
         raise UnsupportedError(f"no kernel family accepts op={request.op} dtype={request.dtype}", declines)
     (rule, spec, reason), rest = accepted[0], accepted[1:]
-    return Selection(spec, reason, rule, tuple(rest), tuple(tried))
+    return Selection(spec, reason, rule, tuple(rest), tuple(tried), costs.contenders(spec.family))
 
 
 def select(stats, op: str = "spmm", n: int | None = None, dtype: str = "float32", arch: str = "sm_90",
