@@ -153,12 +153,29 @@ def time_kernel(kernel, runs: int = RUNS) -> float:
     BATCHES batches' means (one slow batch, a clock change or a neighbour, does not decide)."""
     from . import runtime
 
-    inputs, output = kernel.family.operands(kernel.spec, kernel.plan)
-    rng = np.random.default_rng(0)
-    args = [runtime.to_gpu(rng.standard_normal(op.shape).astype(op.dtype)) for op in inputs]
-    import pycuda.gpuarray as gpuarray
-
-    out = gpuarray.empty(output.shape, dtype=output.dtype)
+    args, out = random_operands(kernel)
     per_batch = max(1, runs // BATCHES)
     return statistics.median(runtime.time_ms(lambda: kernel(*args, out=out), runs=per_batch)
                              for _ in range(BATCHES))
+
+
+def random_operands(kernel) -> tuple[list, object]:
+    """Device inputs of standard normal values and an output buffer, of the kernel's shapes and
+    dtypes: PyCUDA arrays, or torch tensors where an operand is bfloat16 (NumPy has none)."""
+    from . import runtime
+
+    inputs, output = kernel.family.operands(kernel.spec, kernel.plan)
+    rng = np.random.default_rng(0)
+    names = [op.dtype if isinstance(op.dtype, str) else np.dtype(op.dtype).name for op in (*inputs, output)]
+    if "bfloat16" not in names:
+        import pycuda.gpuarray as gpuarray
+
+        args = [runtime.to_gpu(rng.standard_normal(op.shape).astype(op.dtype)) for op in inputs]
+        return args, gpuarray.empty(output.shape, dtype=output.dtype)
+    import torch
+
+    def tensor(shape, name):
+        return torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).cuda().to(runtime.torch_dtype(name))
+
+    args = [tensor(op.shape, name) for op, name in zip(inputs, names)]
+    return args, torch.empty(output.shape, dtype=runtime.torch_dtype(names[-1]), device="cuda")

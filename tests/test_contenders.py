@@ -172,3 +172,33 @@ def test_compile_hands_the_contenders_to_tuned_on_the_gpu_path(monkeypatch, near
 def test_tune_rejects_what_is_not_a_bool_or_none():
     with pytest.raises(sparsegen.SparsegenError, match="tune: expected None, True or False, got 'auto'"):
         sparsegen.compile(random_csr(8, 8, 0.5, seed=0), n=4, backend="emulate", tune="auto")
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_fastest_contender_is_kept_and_cached(monkeypatch):
+    """A near tie on this GPU's rates: every contender is timed, the fastest kept, the answer right,
+    and a second compile reads the choice back instead of timing again."""
+    import numpy as np
+
+    from .helpers import reference, rel_error
+
+    monkeypatch.delenv(tune.ENV_TUNE, raising=False)
+    device = DeviceModel.current()
+    for density, n in ((0.1, 16), (0.3, 16), (0.1, 8), (0.5, 64), (0.3, 64)):
+        a = random_csr(4096, 4096, density, seed=1)
+        model = select(analyze(a), "spmm", n=n, dtype="float16", device=device)
+        if model.contenders:
+            break
+    else:
+        pytest.skip(f"no near tie among the probed weights on {device.name}'s rates")
+    kern = sparsegen.compile(a, n=n, dtype="float16", backend="gpu")
+    assert kern.selection.rule == "measured" and kern.selection.contenders == model.contenders
+    assert len(kern.tuning) >= 2 and {t.family for t in kern.tuning} == {dict(c)["family"] for c in model.contenders}
+    best = min(kern.tuning, key=lambda t: t.ms)
+    assert kern.spec.name == best.spec
+    again = sparsegen.compile(a, n=n, dtype="float16", backend="gpu")
+    assert again.tuning == kern.tuning and again.spec.name == kern.spec.name
+    x = np.random.default_rng(0).standard_normal((4096, n)).astype(np.float16)
+    assert rel_error(again(x).astype(np.float64), reference(a, x.astype(np.float64))) <= 2e-2
+    kept = sparsegen.compile(a, n=n, dtype="float16", backend="gpu", tune=False)
+    assert kept.spec.family == model.spec.family and kept.tuning == ()
