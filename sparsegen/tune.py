@@ -28,7 +28,8 @@ from .errors import UnsupportedError
 
 log = logging.getLogger("sparsegen")
 RUNS = 20
-BATCHES = 5  # time_kernel's median is over this many batches of RUNS // BATCHES launches
+BATCHES = 5  # without PyTorch, time_kernel's median is over this many batches of RUNS // BATCHES launches
+SPIN_TIMED_MS = 2.0  # with PyTorch, time_kernel times at least RUNS launches and this much GPU time
 ENV_TUNE = "SPARSEGEN_TUNE"
 OFF = ("0", "off", "false", "no")
 
@@ -149,14 +150,25 @@ def _callable_families(request) -> list:
 
 
 def time_kernel(kernel, runs: int = RUNS) -> float:
-    """GPU milliseconds of one launch on random operands of the kernel's shapes: the median of
-    BATCHES batches' means (one slow batch, a clock change or a neighbour, does not decide)."""
+    """GPU milliseconds of one launch on random operands of the kernel's shapes. With PyTorch, the
+    median of `runs` launches each timed alone behind a GPU spin (`bench.timing.time_cuda`), so a
+    library call's host time (the dense fallback's) is not counted as GPU time; without it, the
+    median of BATCHES batches' means of back-to-back launches."""
     from . import runtime
 
     args, out = random_operands(kernel)
-    per_batch = max(1, runs // BATCHES)
-    return statistics.median(runtime.time_ms(lambda: kernel(*args, out=out), runs=per_batch)
-                             for _ in range(BATCHES))
+
+    def call():
+        kernel(*args, out=out)
+
+    try:
+        import torch  # noqa: F401  (the spin and the events)
+
+        from .bench.timing import time_cuda
+    except ImportError:
+        per_batch = max(1, runs // BATCHES)
+        return statistics.median(runtime.time_ms(call, runs=per_batch) for _ in range(BATCHES))
+    return time_cuda(call, min_runs=runs, min_ms=SPIN_TIMED_MS)["median_ms"]
 
 
 def random_operands(kernel) -> tuple[list, object]:
