@@ -1,6 +1,6 @@
 """CPU tests of the `llm` benchmark suite (sparsegen.bench.llm): no torch, no GPU.
 
-Case enumeration and filters, the W generators, safetensors reading and magnitude pruning, the
+Case enumeration and filters, the W generators, safetensors reading, the
 sampled-row correctness check, bandwidth arithmetic, the run loop with a fake executor (resume,
 deadline, failures), compiling ahead in worker processes, and the report tables.
 """
@@ -144,23 +144,6 @@ def test_as_dtype_rounds_values():
     b = llm.as_dtype(A, "bfloat16")
     assert b.data[0] == 1.0 and b.data[1] == pytest.approx(3.140625)
     assert (h.indices == A.indices).all() and A.data[0] == np.float32(1.0001)  # A untouched
-
-
-def test_magnitude_prune_keeps_the_largest():
-    w = np.array([[0.1, -5.0, 0.3], [2.0, -0.2, 0.0]], dtype=np.float32)
-    A = llm.magnitude_prune(w, 0.5)
-    assert A.nnz == 3
-    assert (A.toarray() == np.array([[0, -5.0, 0.3], [2.0, 0, 0]], dtype=np.float32)).all()
-    assert llm.magnitude_prune(w, 1.0).nnz == 0
-    rng = np.random.default_rng(0)
-    big = rng.standard_normal((64, 48)).astype(np.float32)
-    P = llm.magnitude_prune(big, 0.7)
-    assert P.nnz == round(64 * 48 * 0.3)
-    kept = np.abs(P.data).min()
-    dropped = np.abs(big[P.toarray() == 0])
-    assert kept >= dropped.max()
-    with pytest.raises(SparsegenError, match="2-D"):
-        llm.magnitude_prune(np.ones(3), 0.5)
 
 
 # --------------------------------------------------------------------------- model weights

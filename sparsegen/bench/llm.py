@@ -56,6 +56,7 @@ from sparsegen.bench import report
 from sparsegen.bench.dlmc import _join, _message, relative_error, seed_for
 from sparsegen.bench.timing import recorded
 from sparsegen.errors import FormatError, SparsegenError, UnsupportedError
+from sparsegen.prune import magnitude_prune_csr
 
 NAME = "llm"
 NEEDS_DATA = False
@@ -116,7 +117,7 @@ class Weight:
             if w.shape != (self.rows, self.cols):
                 raise FormatError(self.path, None, f"{self.tensor} of shape {self.rows}x{self.cols}",
                                   f"shape {w.shape}")
-            return magnitude_prune(w, self.sparsity)
+            return magnitude_prune_csr(w, self.sparsity)
         return random_weight(self.rows, self.cols, self.sparsity, self.seed)
 
 
@@ -189,21 +190,6 @@ def random_weight(m: int, k: int, sparsity: float, seed: int, **kw) -> sp.csr_ma
     data = np.random.default_rng([seed, 1]).standard_normal(indices.size, dtype=np.float32)
     A = sp.csr_matrix((data, indices, indptr), shape=(m, k))
     A.has_sorted_indices = True
-    return A
-
-
-def magnitude_prune(w: np.ndarray, sparsity: float) -> sp.csr_matrix:
-    """Keep the round(size x (1 - sparsity)) largest |w| (ties broken by argpartition)."""
-    w = np.asarray(w, dtype=np.float32)
-    if w.ndim != 2:
-        raise SparsegenError(f"magnitude_prune: expected a 2-D weight, got shape {w.shape}")
-    keep = int(round(w.size * (1.0 - sparsity)))
-    flat = np.abs(w).ravel()
-    mask = np.zeros(flat.size, dtype=bool)
-    if keep > 0:
-        mask[np.argpartition(flat, flat.size - keep)[flat.size - keep:]] = True
-    A = sp.csr_matrix(np.where(mask.reshape(w.shape), w, np.float32(0)))
-    A.sort_indices()
     return A
 
 
