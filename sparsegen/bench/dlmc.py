@@ -456,6 +456,9 @@ def progress_line(index: int, total: int, rec: dict) -> str:
              f"cusparse {ms('cusparse')} ms ({x('vs_cusparse')})"]
     if rec["op"] == "spmm":
         parts.append(f"cublas {ms('cublas')} ms ({x('vs_cublas')})")
+    if rec.get("fastest_family"):
+        parts.append(f"fastest {rec['fastest_family']} (selected {rec['selected_vs_fastest']:.2f}x its time)"
+                     if rec.get("selected_vs_fastest") else f"fastest {rec['fastest_family']}")
     parts.append("err -" if err is None else f"err {err:.2e}")
     parts.append(status)
     if rec.get("note") and rec["status"] != "ok":
