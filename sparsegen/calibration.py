@@ -228,7 +228,7 @@ class GpuProbe:
     def weight(self, case: Case):
         key = (case.m, case.k, case.density, case.dtype)
         if key not in self.weights:
-            from .bench.llm import as_dtype, random_weight
+            from .bench.weights import as_dtype, random_weight
 
             w = random_weight(case.m, case.k, 1.0 - case.density, seed=case.m + 7 * case.k)
             self.weights[key] = w if case.dtype == "float32" else as_dtype(w, case.dtype)

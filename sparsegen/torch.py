@@ -41,7 +41,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only where torch is absent
     raise ImportError("sparsegen.torch needs PyTorch: pip install -e \".[torch]\"") from exc
 
-from . import api, runtime
+from . import api, prune, runtime
 from .errors import ShapeError, SparsegenError, UnsupportedError
 from .values import check_numbers
 
@@ -54,32 +54,21 @@ ALIGN_BYTES = 16  # the widest vector load any family makes of X (float4 / 8 hal
 # ---- pruning ----------------------------------------------------------------------------------
 
 def check_sparsity(sparsity) -> float:
+    """A layer's sparsity: a number in [0, 1) (a layer pruned to nothing computes only its bias)."""
     if isinstance(sparsity, bool) or not isinstance(sparsity, numbers.Real) or not 0.0 <= float(sparsity) < 1.0:
         raise SparsegenError(f"sparsity must be a number in [0, 1) (the share of weights set to zero), "
                              f"got {sparsity!r}")
     return float(sparsity)
 
 
-def pruned_count(numel: int, sparsity: float) -> int:
-    """How many weights magnitude pruning zeroes: round(sparsity x numel), Python's rounding."""
-    return int(round(check_sparsity(sparsity) * numel))
-
-
 def magnitude_prune(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
-    """A copy of `weight` with its round(sparsity·numel) smallest-magnitude entries set to zero.
-
-    Ties are broken by flat (row-major) index: among equal |w| the lower index is pruned first,
-    so the result is deterministic. The count of zeros is exactly round(sparsity·numel) unless
-    `weight` already held more zeros than that (they are the smallest, so they stay zero).
-    """
-    k = pruned_count(weight.numel(), sparsity)
-    check_numbers(_host64(weight), "float64", "weight (magnitude pruning needs finite weights)")
-    flat = weight.detach().reshape(-1)
-    # a stable sort keeps equal magnitudes in index order; float32 holds every 16-bit value exactly
-    order = torch.argsort(flat.float().abs(), stable=True)
-    pruned = flat.clone()
-    pruned[order[:k]] = 0
-    return pruned.view_as(weight)
+    """A copy of `weight` (its dtype and device kept) pruned by `sparsegen.prune`'s rule: exactly
+    round(sparsity·numel) smallest-magnitude entries zeroed, among equal |w| the lower flat index first
+    (more zeros only where `weight` already held them)."""
+    check_sparsity(sparsity)
+    keep = prune.keep_mask(_host64(weight), sparsity)  # float64 holds every torch float exactly
+    w = weight.detach()
+    return torch.where(torch.from_numpy(keep).to(w.device), w, torch.zeros((), dtype=w.dtype, device=w.device))
 
 
 # ---- the layer --------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from sparsegen import bench
-from sparsegen.bench import dlmc, report, timing
+from sparsegen.bench import dlmc, dlmc_gpu, dlmc_report, records, report, timing
 from sparsegen.errors import SparsegenError
 
 SHARED_INDEX = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dlmc" / "index.tsv"
@@ -163,7 +163,7 @@ def test_random_square_edges():
 def test_random_source_loads_seeded():
     src = dlmc.random_matrices(quick=True)[0]
     assert src.rows == 4096 and src.nnz == 4096 * round(4096 * 0.2)
-    assert src.seed == dlmc.seed_for("random/4096/0.8", "values")
+    assert src.seed == records.seed_for("random/4096/0.8", "values")
 
 
 # --------------------------------------------------------------------------- references
@@ -171,14 +171,14 @@ def test_random_source_loads_seeded():
 def test_relative_error_and_sddmm_reference():
     rng = np.random.default_rng(0)
     ref = rng.standard_normal((5, 4))
-    assert dlmc.relative_error(ref, ref) == 0
-    assert dlmc.relative_error(ref * 1.01, ref) == pytest.approx(0.01)
-    assert dlmc.relative_error(np.ones(3), np.zeros(3)) == pytest.approx(math.sqrt(3))
+    assert records.relative_error(ref, ref) == 0
+    assert records.relative_error(ref * 1.01, ref) == pytest.approx(0.01)
+    assert records.relative_error(np.ones(3), np.zeros(3)) == pytest.approx(math.sqrt(3))
     A = rng.standard_normal((6, 3))
     B = rng.standard_normal((5, 3))
     rows = np.array([0, 0, 2, 5, 5])
     cols = np.array([1, 4, 0, 2, 3])
-    got = dlmc.sddmm_reference(A, B, rows, cols, chunk_elems=4)
+    got = dlmc_gpu.sddmm_reference(A, B, rows, cols, chunk_elems=4)
     assert np.allclose(got, (A @ B.T)[rows, cols])
 
 
@@ -354,7 +354,7 @@ def sample_cases():
 
 
 def test_summarize_groups_and_geomeans():
-    rows = report.summarize(sample_cases())
+    rows = dlmc_report.summarize(sample_cases())
     by = {(r["op"], r["dtype"], r["width"]): r for r in rows}
     r = by[("spmm", "float32", 128)]
     assert (r["cases"], r["passed"], r["failed"], r["unsupported"]) == (4, 3, 1, 0)
@@ -372,10 +372,10 @@ def test_summarize_groups_and_geomeans():
     assert order.index(("spmm", "float32", 128)) < order.index(("spmm", "float16", 32)) \
         < order.index(("spmm", "float16", 256)) < order.index(("spmm", "float16", "all")) \
         < order.index(("sddmm", "float32", 128))
-    dl = {(r["op"], r["dtype"], r["width"]): r for r in report.summarize(sample_cases(), "dlmc")}
+    dl = {(r["op"], r["dtype"], r["width"]): r for r in dlmc_report.summarize(sample_cases(), "dlmc")}
     assert dl[("spmm", "float32", 128)]["cases"] == 3
     assert dl[("spmm", "float32", 128)]["vs_cusparse"] == pytest.approx(4.0)
-    rnd = report.summarize(sample_cases(), "random")
+    rnd = dlmc_report.summarize(sample_cases(), "random")
     assert len(rnd) == 1 and rnd[0]["vs_cusparse"] == pytest.approx(0.5)
 
 
@@ -404,7 +404,7 @@ def test_json_writer_keys(tmp_path):
 
 
 def test_markdown_order_and_failed_cases():
-    md = report.markdown(make_doc(sample_cases(), truncated=True, cases_planned=99),
+    md = dlmc_report.markdown(make_doc(sample_cases(), truncated=True, cases_planned=99),
                          png_note="matplotlib is not installed")
     geo = md.index("## Geometric-mean speedups")
     table = md.index("## Per-case results")
@@ -426,10 +426,10 @@ def test_markdown_order_and_failed_cases():
 def test_png_skipped_without_matplotlib(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
-    path, why = report.write_png(make_doc(sample_cases()), tmp_path / "dlmc.png")
+    path, why = dlmc_report.write_png(make_doc(sample_cases()), tmp_path / "dlmc.png")
     assert path is None and "matplotlib" in why
     assert not (tmp_path / "dlmc.png").exists()
-    paths = report.write_all(make_doc(sample_cases()), tmp_path)
+    paths = dlmc_report.write_reports(make_doc(sample_cases()), tmp_path)
     assert paths["png"] is None
     assert (tmp_path / "dlmc.json").is_file() and (tmp_path / "dlmc.md").is_file()
     assert "matplotlib is not installed" in (tmp_path / "dlmc.md").read_text()
@@ -437,7 +437,7 @@ def test_png_skipped_without_matplotlib(monkeypatch, tmp_path):
 
 def test_png_written_with_matplotlib(tmp_path):
     pytest.importorskip("matplotlib")
-    paths = report.write_all(make_doc(sample_cases()), tmp_path)
+    paths = dlmc_report.write_reports(make_doc(sample_cases()), tmp_path)
     assert paths["png"] == tmp_path / "dlmc.png"
     assert (tmp_path / "dlmc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "dlmc.png" in (tmp_path / "dlmc.md").read_text()
@@ -542,7 +542,7 @@ def test_run_loop_records_every_case(tmp_path, small_random, monkeypatch):
     for c in doc["cases"]:
         assert set(report.REQUIRED_CASE_KEYS) <= set(c)
     # and the whole document goes through the writers
-    paths = report.write_all(doc, tmp_path / "out")
+    paths = dlmc_report.write_reports(doc, tmp_path / "out")
     assert json.loads(paths["json"].read_text())["cases"][0]["id"] == doc["cases"][0]["id"]
     assert "FAIL" in " ".join(lines) and "UNSUPPORTED" in " ".join(lines)
 
@@ -567,7 +567,7 @@ def test_run_loop_deadline_truncates(tmp_path, small_random):
         dlmc.MatrixSource.load = orig
     assert doc["truncated"] is True
     assert 0 < len(doc["cases"]) < doc["cases_planned"]
-    md = report.markdown(doc)
+    md = dlmc_report.markdown(doc)
     assert "Truncated run" in md
 
 
@@ -596,7 +596,7 @@ def test_resume_runs_only_missing_cases(tmp_path, small_random, monkeypatch):
     planned = [dlmc.case_key(x) for _, cs in dlmc.plan(cfg(tmp_path, quick=True)) for x in cs]
     assert keys == planned                                # plan order restored
     assert doc2["runs"] == ["sparsegen bench dlmc", "sparsegen bench dlmc --quick --resume"]
-    assert "Assembled from 2 runs" in report.markdown(doc2)
+    assert "Assembled from 2 runs" in dlmc_report.markdown(doc2)
 
 
 def test_bench_run_end_to_end_with_fakes(tmp_path, small_random, monkeypatch, capsys):

@@ -1,6 +1,6 @@
 """CPU tests of the `llm` benchmark suite (sparsegen.bench.llm): no torch, no GPU.
 
-Case enumeration and filters, the W generators, safetensors reading and magnitude pruning, the
+Case enumeration and filters, the W generators, safetensors reading, the
 sampled-row correctness check, bandwidth arithmetic, the run loop with a fake executor (resume,
 deadline, failures), compiling ahead in worker processes, and the report tables.
 """
@@ -20,15 +20,15 @@ import pytest
 import scipy.sparse as sp
 
 from sparsegen import bench
-from sparsegen.bench import llm, report
+from sparsegen.bench import executor, llm, llm_gpu, llm_report, prefetch, report, weights
 from sparsegen.errors import FormatError, SparsegenError
 
 
 @pytest.fixture(autouse=True)
 def no_installed_model(monkeypatch):
     """Runs must not pick up a model package that happens to be installed here."""
-    monkeypatch.setattr(llm, "MODEL_PACKAGE", "sparsegen_no_such_model_package")
-    monkeypatch.delenv(llm.MODEL_ENV, raising=False)
+    monkeypatch.setattr(weights, "MODEL_PACKAGE", "sparsegen_no_such_model_package")
+    monkeypatch.delenv(weights.MODEL_ENV, raising=False)
 
 
 def cfg(**kw) -> bench.BenchConfig:
@@ -102,35 +102,35 @@ def test_plan_rejects_other_dtypes_and_ops():
 
 def test_random_pattern_density_sorted_seeded():
     m, k = 300, 257
-    indptr, idx = llm.random_pattern(m, k, 0.3, seed=11, chunk_elems=1000)  # many chunks
+    indptr, idx = weights.random_pattern(m, k, 0.3, seed=11, chunk_elems=1000)  # many chunks
     assert indptr.shape == (m + 1,) and indptr[0] == 0 and indptr[-1] == idx.size
     assert idx.dtype == np.int32 and idx.min() >= 0 and idx.max() < k
     assert abs(idx.size / (m * k) - 0.3) < 0.01
     rows = np.repeat(np.arange(m), np.diff(indptr))
     key = rows.astype(np.int64) * k + idx
     assert (np.diff(key) > 0).all()          # sorted within rows, no duplicates
-    again = llm.random_pattern(m, k, 0.3, seed=11, chunk_elems=1000)
+    again = weights.random_pattern(m, k, 0.3, seed=11, chunk_elems=1000)
     assert (again[0] == indptr).all() and (again[1] == idx).all()
-    other = llm.random_pattern(m, k, 0.3, seed=12, chunk_elems=1000)
+    other = weights.random_pattern(m, k, 0.3, seed=12, chunk_elems=1000)
     assert other[1].size != idx.size or (other[1] != idx).any()
     # columns are used uniformly: no column left empty at this density
     assert np.bincount(idx, minlength=k).min() > 0
 
 
 def test_random_pattern_edges():
-    indptr, idx = llm.random_pattern(20, 30, 0.0, seed=1)
+    indptr, idx = weights.random_pattern(20, 30, 0.0, seed=1)
     assert idx.size == 0 and (indptr == 0).all()
-    indptr, idx = llm.random_pattern(20, 30, 1.0, seed=1)
+    indptr, idx = weights.random_pattern(20, 30, 1.0, seed=1)
     assert idx.size == 600 and (idx.reshape(20, 30) == np.arange(30)).all()
-    assert llm.random_pattern(0, 5, 0.5, seed=1)[1].size == 0
+    assert weights.random_pattern(0, 5, 0.5, seed=1)[1].size == 0
 
 
 def test_random_weight_values_and_canonical():
-    A = llm.random_weight(400, 500, 0.8, seed=3)
+    A = weights.random_weight(400, 500, 0.8, seed=3)
     assert A.shape == (400, 500) and A.dtype == np.float32 and A.has_canonical_format
     assert abs(1 - A.nnz / 2e5 - 0.8) < 0.01
     assert abs(A.data.mean()) < 0.05 and abs(A.data.std() - 1) < 0.05
-    B = llm.random_weight(400, 500, 0.8, seed=3)
+    B = weights.random_weight(400, 500, 0.8, seed=3)
     assert (A.indices == B.indices).all() and (A.data == B.data).all()
     w = llm.Weight("opt/7168x7168/0.7", "opt", 7168, 7168, 0.7)
     assert w.seed == llm.Weight("opt/7168x7168/0.7", "opt", 7168, 7168, 0.7).seed
@@ -139,28 +139,11 @@ def test_random_weight_values_and_canonical():
 
 def test_as_dtype_rounds_values():
     A = sp.csr_matrix(np.array([[1.0001, 0.0], [0.0, 3.14159]], dtype=np.float32))
-    h = llm.as_dtype(A, "float16")
+    h = weights.as_dtype(A, "float16")
     assert (h.data == A.data.astype(np.float16).astype(np.float32)).all()
-    b = llm.as_dtype(A, "bfloat16")
+    b = weights.as_dtype(A, "bfloat16")
     assert b.data[0] == 1.0 and b.data[1] == pytest.approx(3.140625)
     assert (h.indices == A.indices).all() and A.data[0] == np.float32(1.0001)  # A untouched
-
-
-def test_magnitude_prune_keeps_the_largest():
-    w = np.array([[0.1, -5.0, 0.3], [2.0, -0.2, 0.0]], dtype=np.float32)
-    A = llm.magnitude_prune(w, 0.5)
-    assert A.nnz == 3
-    assert (A.toarray() == np.array([[0, -5.0, 0.3], [2.0, 0, 0]], dtype=np.float32)).all()
-    assert llm.magnitude_prune(w, 1.0).nnz == 0
-    rng = np.random.default_rng(0)
-    big = rng.standard_normal((64, 48)).astype(np.float32)
-    P = llm.magnitude_prune(big, 0.7)
-    assert P.nnz == round(64 * 48 * 0.3)
-    kept = np.abs(P.data).min()
-    dropped = np.abs(big[P.toarray() == 0])
-    assert kept >= dropped.max()
-    with pytest.raises(SparsegenError, match="2-D"):
-        llm.magnitude_prune(np.ones(3), 0.5)
 
 
 # --------------------------------------------------------------------------- model weights
@@ -201,58 +184,58 @@ def model_dir(tmp_path):
 
 def test_model_weights_filter_and_order(model_dir):
     d, t = model_dir
-    found = llm.model_weights(d.parent)  # found recursively
+    found = weights.model_weights(d.parent)  # found recursively
     names = [n for _, n, _ in found]
     assert names == [f"encoder.layer.{i}.{r}.weight" for i in (0, 2, 10)
                      for r in ("attention.self.query", "intermediate.dense", "output.dense")] + \
         ["pooler.dense.weight"]
     assert dict((n, s) for _, n, s in found)["encoder.layer.2.intermediate.dense.weight"] == (16, 8)
     with pytest.raises(SparsegenError, match="no .safetensors"):
-        llm.model_weights(d.parent.parent / "nowhere")
+        weights.model_weights(d.parent.parent / "nowhere")
 
 
 def test_read_tensor_own_reader(model_dir, monkeypatch):
     d, t = model_dir
     f = d / "model.safetensors"
-    real = llm.importlib.util.find_spec
-    monkeypatch.setattr(llm.importlib.util, "find_spec",
+    real = weights.importlib.util.find_spec
+    monkeypatch.setattr(weights.importlib.util, "find_spec",
                         lambda name, *a: None if name == "safetensors" else real(name, *a))
-    q = llm.read_tensor(f, "encoder.layer.2.attention.self.query.weight")
+    q = weights.read_tensor(f, "encoder.layer.2.attention.self.query.weight")
     assert q.dtype == np.float32 and (q == t["encoder.layer.2.attention.self.query.weight"]).all()
-    h = llm.read_tensor(f, "encoder.layer.0.output.dense.weight")
+    h = weights.read_tensor(f, "encoder.layer.0.output.dense.weight")
     assert (h == t["encoder.layer.0.output.dense.weight"].astype(np.float32)).all()
-    b = llm.read_tensor(f, "pooler.dense.weight")
+    b = weights.read_tensor(f, "pooler.dense.weight")
     assert (b == (t["pooler.dense.weight"].astype(np.uint32) << 16).view(np.float32)).all()
     with pytest.raises(FormatError, match="tensor 'nope'"):
-        llm.read_tensor(f, "nope")
+        weights.read_tensor(f, "nope")
 
 
 def test_read_tensor_with_safetensors_package(model_dir):
     pytest.importorskip("safetensors")
     d, t = model_dir
-    q = llm.read_tensor(d / "model.safetensors", "encoder.layer.0.intermediate.dense.weight")
+    q = weights.read_tensor(d / "model.safetensors", "encoder.layer.0.intermediate.dense.weight")
     assert (q == t["encoder.layer.0.intermediate.dense.weight"]).all()
 
 
 def test_malformed_safetensors(tmp_path):
     (tmp_path / "short.safetensors").write_bytes(b"abc")
     with pytest.raises(FormatError, match="8-byte"):
-        llm.safetensors_header(tmp_path / "short.safetensors")
+        weights.safetensors_header(tmp_path / "short.safetensors")
     (tmp_path / "long.safetensors").write_bytes(struct.pack("<Q", 10**6) + b"{}")
     with pytest.raises(FormatError, match="header length"):
-        llm.safetensors_header(tmp_path / "long.safetensors")
+        weights.safetensors_header(tmp_path / "long.safetensors")
     (tmp_path / "json.safetensors").write_bytes(struct.pack("<Q", 3) + b"{x}")
     with pytest.raises(FormatError, match="JSON"):
-        llm.safetensors_header(tmp_path / "json.safetensors")
+        weights.safetensors_header(tmp_path / "json.safetensors")
 
 
 def test_resolve_model(tmp_path):
-    p, why = llm.resolve_model(None, environ={})
+    p, why = weights.resolve_model(None, environ={})
     assert p is None and "skipped" in why
-    assert llm.resolve_model(str(tmp_path), environ={}) == (tmp_path, "--model")
-    assert llm.resolve_model(None, environ={llm.MODEL_ENV: str(tmp_path)})[0] == tmp_path
+    assert weights.resolve_model(str(tmp_path), environ={}) == (tmp_path, "--model")
+    assert weights.resolve_model(None, environ={weights.MODEL_ENV: str(tmp_path)})[0] == tmp_path
     with pytest.raises(SparsegenError, match="no such file"):
-        llm.resolve_model(str(tmp_path / "absent"), environ={})
+        weights.resolve_model(str(tmp_path / "absent"), environ={})
 
 
 def test_plan_with_model(model_dir):
@@ -279,41 +262,41 @@ def small_case(n=8, m=500, k=300, s=0.7, dtype="float16"):
 
 def test_check_rows_and_operand_seeded():
     case = small_case()
-    rows = llm.check_rows(case, 500)
+    rows = llm_gpu.check_rows(case, 500)
     assert len(rows) == llm.CHECK_ROWS and (np.diff(rows) > 0).all() and rows.max() < 500
-    assert (rows == llm.check_rows(case, 500)).all()
-    assert (llm.check_rows(case, 100) == np.arange(100)).all()
-    X = llm.operand(case, 300)
+    assert (rows == llm_gpu.check_rows(case, 500)).all()
+    assert (llm_gpu.check_rows(case, 100) == np.arange(100)).all()
+    X = llm_gpu.operand(case, 300)
     assert X.shape == (300, 8) and X.dtype == np.float32
     assert (X == X.astype(np.float16).astype(np.float32)).all()  # rounded to the dtype
-    assert (X == llm.operand(case, 300)).all()
+    assert (X == llm_gpu.operand(case, 300)).all()
 
 
 def test_sample_error_passes_and_fails():
     case = small_case()
-    A = llm.as_dtype(llm.random_weight(500, 300, 0.7, seed=1), "float16")
-    X = llm.operand(case, 300)
-    rows = llm.check_rows(case, 500)
+    A = weights.as_dtype(weights.random_weight(500, 300, 0.7, seed=1), "float16")
+    X = llm_gpu.operand(case, 300)
+    rows = llm_gpu.check_rows(case, 500)
     Y = (A @ X).astype(np.float16)                 # what a correct fp16 kernel returns
-    err = llm.sample_error(Y[rows], A, X, rows)
+    err = llm_gpu.sample_error(Y[rows], A, X, rows)
     assert 0 < err < 1e-3
     bad = Y.astype(np.float32)
     bad[rows[3], :] += 10.0                        # one wrong sampled row
-    assert llm.sample_error(bad[rows], A, X, rows) > llm.TOLERANCE
-    assert llm.sample_error(np.zeros((len(rows), 8)), A, X, rows) == pytest.approx(1.0)
+    assert llm_gpu.sample_error(bad[rows], A, X, rows) > llm.TOLERANCE
+    assert llm_gpu.sample_error(np.zeros((len(rows), 8)), A, X, rows) == pytest.approx(1.0)
 
 
 # --------------------------------------------------------------------------- bytes and bandwidth
 
 def test_bytes_arithmetic():
-    assert llm.operand_bytes(10, 20, 4) == 2 * (20 * 4 + 10 * 4)
-    assert llm.dense_bytes(10, 20, 4) == 2 * 200 + 240
-    assert llm.csr_bytes(10, 20, 4, nnz=50) == 4 * 11 + 6 * 50 + 240
-    assert llm.fraction_of(3e9, 1.0, 3e12) == pytest.approx(1.0)
-    assert llm.fraction_of(1.5e9, 1.0, 3e12) == pytest.approx(0.5)
-    assert llm.fraction_of(None, 1.0, 3e12) is None and llm.fraction_of(1e9, 0, 3e12) is None
-    assert llm.fraction_of(1e9, 1.0, None) is None
-    bw = llm.CopyBandwidth(size=1 << 30, median_ms=0.725, min_ms=0.7, runs=30)
+    assert llm_gpu.operand_bytes(10, 20, 4) == 2 * (20 * 4 + 10 * 4)
+    assert llm_gpu.dense_bytes(10, 20, 4) == 2 * 200 + 240
+    assert llm_gpu.csr_bytes(10, 20, 4, nnz=50) == 4 * 11 + 6 * 50 + 240
+    assert executor.fraction_of(3e9, 1.0, 3e12) == pytest.approx(1.0)
+    assert executor.fraction_of(1.5e9, 1.0, 3e12) == pytest.approx(0.5)
+    assert executor.fraction_of(None, 1.0, 3e12) is None and executor.fraction_of(1e9, 0, 3e12) is None
+    assert executor.fraction_of(1e9, 1.0, None) is None
+    bw = executor.CopyBandwidth(size=1 << 30, median_ms=0.725, min_ms=0.7, runs=30)
     assert bw.bytes_per_s == pytest.approx(2 * 2**30 / 0.725e-3)
     d = bw.to_dict()
     assert d["tb_per_s"] == pytest.approx(2.9618, abs=1e-3) and d["runs"] == 30
@@ -369,21 +352,21 @@ class FakeWeight:
         (Path(cache) / "plan.bin").write_bytes(b"x")
         if case.id == self.ex.boom:
             raise RuntimeError("kernel exploded\nsecond line")
-        A = llm.as_dtype(self.A, case.dtype)
+        A = weights.as_dtype(self.A, case.dtype)
         M, K = A.shape
-        X = llm.operand(case, K)
-        rows = llm.check_rows(case, M)
+        X = llm_gpu.operand(case, K)
+        rows = llm_gpu.check_rows(case, M)
         Y = (A @ X).astype(np.float16).astype(np.float32)
         if case.id == self.ex.wrong:
             Y[rows[0]] *= -1.0                        # a sign error in one sampled row
-        err = llm.sample_error(Y[rows], A, X, rows)
+        err = llm_gpu.sample_error(Y[rows], A, X, rows)
         sel = llm.BITMAP if case.weight.sparsity <= 0.8 else "dense_gemm"
         ms = {"sparsegen": 1.0 / (1 + case.weight.sparsity), "cublas": 1.0, "cusparse": 10.0,
               llm.CSL: 1.3, llm.BITMAP: 1.0}
         return {"spec": f"{sel}.fake.n{case.n}", "family": sel, "reason": "fake", "ms": ms,
                 "ms_min": dict(ms), "error": err, "family_error": {llm.CSL: err},
-                "bytes": {"sparsegen": A.nnz * 2 + llm.operand_bytes(M, K, case.n),
-                          "cublas": llm.dense_bytes(M, K, case.n)},
+                "bytes": {"sparsegen": A.nnz * 2 + llm_gpu.operand_bytes(M, K, case.n),
+                          "cublas": llm_gpu.dense_bytes(M, K, case.n)},
                 "checked_rows": len(rows), "checked_columns": case.n}
 
     def close(self):
@@ -400,7 +383,7 @@ class FakeExecutor:
 
     def copy_bandwidth(self):
         self.bw_calls += 1
-        return llm.CopyBandwidth(size=1 << 30, median_ms=0.75, min_ms=0.7, runs=20)
+        return executor.CopyBandwidth(size=1 << 30, median_ms=0.75, min_ms=0.7, runs=20)
 
     def weight(self, A):
         return FakeWeight(self, A)
@@ -425,7 +408,7 @@ def small_weights(monkeypatch):
         loaded.append(self.id)
         if self.id == "opt/7168x7168/0.6":
             raise OSError("disk full")
-        return llm.random_weight(300, 200, self.sparsity, self.seed)
+        return weights.random_weight(300, 200, self.sparsity, self.seed)
 
     monkeypatch.setattr(llm.Weight, "load", load)
     return loaded
@@ -472,7 +455,7 @@ def test_deadline_truncates_and_resume_finishes(tmp_path, small_weights):
     doc1 = llm.run(cfg(quick=True, workers=0, max_minutes=1.0), env=ENV, executor=first,
                    emit=lambda s: None, clock=lambda: float(next(ticks)), scratch=tmp_path)
     assert doc1["truncated"] and 0 < len(doc1["cases"]) < doc1["cases_planned"]
-    assert "Truncated run" in llm.markdown(doc1)
+    assert "Truncated run" in llm_report.markdown(doc1)
     saved = json.loads(llm.write_json(doc1, tmp_path / "r").read_text())
     second = FakeExecutor()
     env2 = dict(ENV, command="sparsegen bench llm --quick --resume")
@@ -598,7 +581,7 @@ def test_worker_compiles_what_the_parent_finds_warm(tmp_path, monkeypatch):
     from sparsegen.cache import Cache
 
     monkeypatch.setenv("SPARSEGEN_CACHE_DIR", str(tmp_path / "user-cache"))
-    monkeypatch.setattr(llm.Weight, "load", lambda self: llm.random_weight(256, 512, 0.7, self.seed))
+    monkeypatch.setattr(llm.Weight, "load", lambda self: weights.random_weight(256, 512, 0.7, self.seed))
     w = llm.Weight("opt/256x512/0.7", "opt", 256, 512, 0.7)
     cases = [llm.Case(w, "float16", 16), llm.Case(w, "float16", 8)]
     pf = llm.Prefetcher(cases, tmp_path / "scratch", "sm_90", 1, cubin=False)
@@ -609,12 +592,12 @@ def test_worker_compiles_what_the_parent_finds_warm(tmp_path, monkeypatch):
     assert pf_pool_alive and all(r is not None and "sparsegen" in r["specs"] for r in results), results
     folder = llm.case_dir(tmp_path / "scratch", cases[0])
     assert folder == llm.case_dir(tmp_path / "scratch", cases[1])
-    A = llm.as_dtype(llm.random_weight(256, 512, 0.7, w.seed), "float16")
+    A = weights.as_dtype(weights.random_weight(256, 512, 0.7, w.seed), "float16")
     for case, res in zip(cases, results):
         # the worker tried every forced family not selected (errors there are the families' own)
         selected = res["specs"]["sparsegen"].split(".")[0]
         assert set(res["specs"]) | set(res["errors"]) == {"sparsegen", *llm.compile_requests(selected)}
-        with llm.cache_dir(folder):
+        with prefetch.cache_dir(folder):
             k = sparsegen.compile(A, n=case.n, dtype="float16", arch="sm_90", backend="emulate")
             assert k.timings.cached.get("plan") is True and k.spec.name == res["specs"]["sparsegen"]
             for fam in llm.compile_requests(k.spec.family):
@@ -637,12 +620,12 @@ def test_worker_compiles_what_the_parent_finds_warm(tmp_path, monkeypatch):
 
 def test_cache_dir_context_restores(monkeypatch, tmp_path):
     monkeypatch.setenv("SPARSEGEN_CACHE_DIR", "/before")
-    with llm.cache_dir(tmp_path):
+    with prefetch.cache_dir(tmp_path):
         import os
         assert os.environ["SPARSEGEN_CACHE_DIR"] == str(tmp_path)
     assert __import__("os").environ["SPARSEGEN_CACHE_DIR"] == "/before"
     monkeypatch.delenv("SPARSEGEN_CACHE_DIR")
-    with llm.cache_dir(tmp_path):
+    with prefetch.cache_dir(tmp_path):
         pass
     assert "SPARSEGEN_CACHE_DIR" not in __import__("os").environ
 
@@ -653,7 +636,7 @@ def test_clear_stale_keeps_pending_folders(tmp_path):
     keep.mkdir(parents=True)
     stale = tmp_path / "deadbeef"
     stale.mkdir()
-    llm._clear_stale(tmp_path, cases)
+    prefetch.clear_stale(tmp_path, [llm.case_dir(tmp_path, c) for c in cases])
     assert keep.exists() and not stale.exists()
 
 
@@ -683,43 +666,43 @@ def table_cases():
 
 
 def test_speedup_table_and_verdicts():
-    t = llm.speedup_table(table_cases())["float16"]
+    t = llm_report.speedup_table(table_cases())["float16"]
     assert t["ns"] == [8, 16, 32, 64, 128]
     rows = {s: (vals, g, mn) for s, vals, g, mn in t["rows"]}
     vals, g, mn = rows[0.7]
     assert vals[8] == pytest.approx(3.2) and vals[16] == pytest.approx(1.6)
     assert g == pytest.approx((3.2 * 1.6 ** 3) ** 0.25)                # N 8..64 only, 128 left out
-    assert llm.verdict(0.7, g, mn) == ("geomean ≥ 1.5×", "yes")
+    assert llm_report.verdict(0.7, g, mn) == ("geomean ≥ 1.5×", "yes")
     assert rows[0.9][0][16] == pytest.approx(2.0)                     # the failed case left out
-    assert llm.verdict(0.9, rows[0.9][1], rows[0.9][2])[1] == "no"    # 2.38 < 3.0
+    assert llm_report.verdict(0.9, rows[0.9][1], rows[0.9][2])[1] == "no"    # 2.38 < 3.0
     vals5, g5, mn5 = rows[0.5]
     assert vals5[16] == pytest.approx(math.sqrt(0.9)) and mn5 == pytest.approx(0.9)
-    assert llm.verdict(0.5, g5, mn5) == ("every case ≥ 0.95×", "no")
-    assert llm.verdict(0.6, None, None) == ("–", "–")
-    model = llm.speedup_table(table_cases(), source="model")["float16"]
+    assert llm_report.verdict(0.5, g5, mn5) == ("every case ≥ 0.95×", "no")
+    assert llm_report.verdict(0.6, None, None) == ("–", "–")
+    model = llm_report.speedup_table(table_cases(), source="model")["float16"]
     assert model["rows"][0][1][16] == pytest.approx(50.0)
 
 
 def test_bitmap_and_bandwidth_tables():
     cs = table_cases()
-    assert llm.bitmap_summary(cs)["float16"] == pytest.approx(1.3)
+    assert llm_report.bitmap_summary(cs)["float16"] == pytest.approx(1.3)
     cs[0]["speedup"]["bitmap_vs_csl"] = 1.3 ** -3                     # 0.5, N=8
-    g = llm.bitmap_summary(cs)["float16"]
+    g = llm_report.bitmap_summary(cs)["float16"]
     assert g == pytest.approx(1.3 ** ((12 - 3) / 13))   # 13 cases at 0.5..0.8, N <= 64
-    rows = llm.bandwidth_table(cs)
+    rows = llm_report.bandwidth_table(cs)
     r = {s: cell for _, s, cell in rows}
     assert r[0.7]["sparsegen"] == (pytest.approx(0.4 + 0.024), pytest.approx(0.464))
     assert r[0.7]["cublas"] == (0.8, 0.8) and r[0.7]["cusparse"] == (None, None)
-    by_n = llm.bandwidth_by_n(cs)["float16"]
+    by_n = llm_report.bandwidth_by_n(cs)["float16"]
     assert by_n[128] == [(0.5, 0.528), (0.7, 0.528), (0.8, 0.528), (0.9, 0.528)]
 
 
 def test_markdown_order_and_content():
     doc = {"suite": "llm", "gpu": "NVIDIA H100 80GB HBM3", "driver": "580", "cuda": "13.0",
            "revision": None, "date": "2025-01-01", "command": "sparsegen bench llm", "cases": table_cases(),
-           "copy_bandwidth": llm.CopyBandwidth(1 << 30, 0.725, 0.7, 30).to_dict(),
+           "copy_bandwidth": executor.CopyBandwidth(1 << 30, 0.725, 0.7, 30).to_dict(),
            "notes": ["no model given"]}
-    md = llm.markdown(doc, png_note="matplotlib is not installed")
+    md = llm_report.markdown(doc, png_note="matplotlib is not installed")
     i_geo = md.index("## Geomean speedup over cuBLAS")
     i_bm = md.index("## Bitmap ÷ Tiled-CSL")
     i_bw = md.index("## Fraction of the device copy bandwidth")
@@ -742,7 +725,7 @@ def test_markdown_order_and_content():
 def test_markdown_cusparse_section_only_when_timed():
     doc = {"suite": "llm", "gpu": "g", "driver": None, "cuda": None, "revision": None, "date": "d",
            "command": "c", "cases": table_cases()}
-    md = llm.markdown(doc)
+    md = llm_report.markdown(doc)
     i_bw = md.index("## Fraction of the device copy bandwidth")
     i_cs = md.index("## Geomean speedup over cuSPARSE")
     i_model = md.index("## Real weights")
@@ -754,7 +737,7 @@ def test_markdown_cusparse_section_only_when_timed():
     for c in doc["cases"]:  # a --no-cusparse run: no section
         c["ms"]["cusparse"] = None
         c["speedup"]["vs_cusparse"] = None
-    assert "over cuSPARSE" not in llm.markdown(doc)
+    assert "over cuSPARSE" not in llm_report.markdown(doc)
 
 
 def test_write_reports_png(tmp_path):

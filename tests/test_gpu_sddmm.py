@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sparsegen
-from sparsegen.bench.dlmc import dlmc_matrices, sddmm_reference
+from sparsegen.bench.dlmc import dlmc_matrices
+from sparsegen.bench.dlmc_gpu import sddmm_reference
 from sparsegen.errors import ShapeError
 
 from .helpers import TOL, random_csr, rel_error

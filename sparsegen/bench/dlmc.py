@@ -11,24 +11,32 @@ Cases (../shared/BENCHMARKS.md, suite `dlmc`):
   it, cupyx.cusparse.sddmm (the faster passing one is the baseline claimed against);
 - `--quick`: every 10th DLMC matrix sorted by path, random 4096 at 80 and 90 %, n = k = 128.
 
-Every case is checked against a float64 scipy reference on the same (dtype-rounded) inputs.
-Torch, CuPy and sparsegen's GPU runtime are imported only inside `GpuExecutor`.
+With `--families` each case also forces every kernel family that serves its op (or those named)
+through `options={"family": ...}` and times each that accepts the request; the report then says,
+per case, which family was fastest and how the selected kernel compares with it, and per op and
+dtype the share of cases where the selected kernel is within 5 % of the fastest family.
+
+Every case is checked against a float64 scipy reference on the same (dtype-rounded) inputs. The
+measurements are bench/dlmc_gpu.py's (on the shared bench/executor.py), the report
+bench/dlmc_report.py's. Torch, CuPy and sparsegen's GPU runtime are imported only when a
+`GpuExecutor` is made.
 """
 from __future__ import annotations
 
 import csv
 import math
 import time
-import warnings
-import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 
-from sparsegen.bench.timing import recorded
-from sparsegen.errors import SparsegenError, UnsupportedError
+from sparsegen.bench.dlmc_gpu import REFERENCE_LIMIT, TOLERANCE, GpuExecutor
+from sparsegen.bench.dlmc_report import fastest_family
+from sparsegen.bench.dlmc_report import exit_status, summary_lines, write_json, write_reports  # noqa: F401  (the suite's interface)
+from sparsegen.bench.records import join_notes, matrix_info, message, ratio, seed_for
+from sparsegen.errors import SparsegenError
 
 NAME = "dlmc"
 
@@ -44,16 +52,13 @@ QUICK_N = (128,)
 QUICK_K = (128,)
 QUICK_RANDOM = ((4096, 0.8), (4096, 0.9))
 
-TOLERANCE = {"float32": 1e-5, "float16": 1e-2}
-# Above this many multiply-adds the scipy reference is computed on a sample only.
-REFERENCE_LIMIT = 4e8
-SPMM_CHECK_COLUMNS = 64
-SDDMM_CHECK_NNZ = 1 << 20
-
-
-def seed_for(*parts) -> int:
-    """A stable 32-bit seed from strings/numbers (Python's hash() is salted per process)."""
-    return zlib.crc32("|".join(str(p) for p in parts).encode())
+# The families `--families` forces, by op (every family but the sparse DNN layer's, which runs
+# inside its network driver); test_bench checks that the two lists cover sparsegen's families.
+OP_FAMILIES = {
+    "spmm": ("csr_rowsplit", "sputnik_spmm", "ell_coo_spmm", "panel_spmm", "dense_tile_spmm",
+             "tiled_csl_spmm", "tiled_bitmap_spmm", "dense_gemm"),
+    "sddmm": ("sputnik_sddmm", "dense_tile_sddmm"),
+}
 
 
 # --------------------------------------------------------------------------- matrices and cases
@@ -99,6 +104,7 @@ class Case:
     dtype: str
     n: int | None = None             # SpMM: columns of X
     k: int | None = None             # SDDMM: inner dimension
+    families: tuple = field(default=(), compare=False)  # --families: forced and timed besides
 
     @property
     def id(self) -> str:
@@ -186,15 +192,39 @@ def random_matrices(*, quick: bool = False) -> list[MatrixSource]:
     return out
 
 
-def cases_for(matrix: MatrixSource, ops, dtypes, ns, ks) -> list[Case]:
+def parse_families(text):
+    """--families: "all" (every family of each op) -> "all"; "a,b" -> ("a", "b"), each a family
+    OP_FAMILIES names."""
+    if text is None:
+        return None
+    names = tuple(dict.fromkeys(t.strip() for t in str(text).split(",") if t.strip()))
+    if names == ("all",):
+        return "all"
+    known = [f for fams in OP_FAMILIES.values() for f in fams]
+    bad = [f for f in names if f not in known]
+    if bad or not names:
+        raise SparsegenError(f"--families: unknown famil{'ies' if len(bad) > 1 else 'y'} "
+                             f"{', '.join(bad) or repr(text)}; known: all, {', '.join(known)}")
+    return names
+
+
+def families_for(op: str, chosen) -> tuple:
+    """The families a case of `op` forces: none without --families, else those of the op chosen."""
+    if not chosen:
+        return ()
+    return tuple(f for f in OP_FAMILIES.get(op, ()) if chosen == "all" or f in chosen)
+
+
+def cases_for(matrix: MatrixSource, ops, dtypes, ns, ks, families=None) -> list[Case]:
     """Cases of one matrix, grouped by dtype (so one dtype's GPU copies are live at a time)."""
     cases = []
     for dtype in dtypes:
         for op in ops:
+            fams = families_for(op, families)
             if op == "spmm":
-                cases += [Case(matrix, op, dtype, n=int(n)) for n in ns]
+                cases += [Case(matrix, op, dtype, n=int(n), families=fams) for n in ns]
             elif op == "sddmm":
-                cases += [Case(matrix, op, dtype, k=int(k)) for k in ks]
+                cases += [Case(matrix, op, dtype, k=int(k), families=fams) for k in ks]
             else:
                 raise SparsegenError(f"unknown op {op!r}; known: {', '.join(OPS)}")
     return cases
@@ -214,37 +244,15 @@ def plan(cfg) -> list[tuple[MatrixSource, list[Case]]]:
     rnd = random_matrices(quick=quick)
     if cfg.limit is not None:
         dl, rnd = dl[: cfg.limit], rnd[: cfg.limit]
-    return [(m, cases_for(m, ops, dtypes, ns, ks)) for m in dl + rnd]
-
-
-def matrix_info(A: sp.csr_matrix) -> dict:
-    M, K = A.shape
-    lengths = np.diff(A.indptr)
-    mean = lengths.mean() if M else 0.0
-    return {
-        "shape": [int(M), int(K)],
-        "nnz": int(A.nnz),
-        "sparsity": float(1.0 - A.nnz / (M * K)) if M * K else 0.0,
-        "row_cov": float(lengths.std() / mean) if mean > 0 else 0.0,
-    }
+    families = getattr(cfg, "families", None)
+    return [(m, cases_for(m, ops, dtypes, ns, ks, families)) for m in dl + rnd]
 
 
 # --------------------------------------------------------------------------- results
 
-def relative_error(got, ref) -> float:
-    """Relative Frobenius error of `got` against `ref` (float64); absolute when ref is zero."""
-    got = np.asarray(got, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    num = float(np.linalg.norm((got - ref).ravel()))
-    den = float(np.linalg.norm(ref.ravel()))
-    return num / den if den > 0 else num
-
-
 def speedups(ms: dict) -> dict:
-    def ratio(base):
-        a, b = ms.get(base), ms.get("sparsegen")
-        return a / b if a and b and a > 0 and b > 0 else None
-    return {"vs_cusparse": ratio("cusparse"), "vs_cublas": ratio("cublas")}
+    return {"vs_cusparse": ratio(ms.get("cusparse"), ms.get("sparsegen")),
+            "vs_cublas": ratio(ms.get("cublas"), ms.get("sparsegen"))}
 
 
 def base_record(case: Case, info: dict) -> dict:
@@ -252,7 +260,7 @@ def base_record(case: Case, info: dict) -> dict:
         "id": case.id, "source": case.matrix.source, "op": case.op, "dtype": case.dtype,
         "n": case.n, "k": case.k, "shape": info.get("shape"), "nnz": info.get("nnz"),
         "sparsity": info.get("sparsity"), "nominal_sparsity": case.matrix.sparsity,
-        "row_cov": info.get("row_cov"), "spec": None, "reason": None,
+        "row_cov": info.get("row_cov"), "spec": None, "reason": None, "family": None,
         "ms": {}, "ms_min": {}, "error": None, "pass": False, "status": "failed",
         "checked_columns": None, "speedup": {"vs_cusparse": None, "vs_cublas": None},
         "baseline_error": {}, "note": None,
@@ -263,7 +271,9 @@ def finalize(rec: dict) -> dict:
     """Set pass/status/speedup from what the measurement recorded.
 
     status "unsupported" (sparsegen declined) and "failed" (an exception) are kept; otherwise the
-    case passes when its error is finite and within the dtype's tolerance.
+    case passes when its error is finite and within the dtype's tolerance, and so is every forced
+    family's (--families). Where families were timed, the fastest (`fastest_family`) and the selected
+    kernel's time over its time (`selected_vs_fastest`) are set.
     """
     for key in ("ms", "ms_min"):
         rec[key] = dict(rec.get(key) or {})
@@ -273,7 +283,7 @@ def finalize(rec: dict) -> dict:
     err = rec.get("error")
     if err is not None and not math.isfinite(err):
         rec["error"] = None
-        rec["note"] = _join(rec.get("note"), "non-finite result")
+        rec["note"] = join_notes(rec.get("note"), "non-finite result")
         err = None
     if rec.get("status") in ("unsupported", "failed") and rec.get("_final_status"):
         rec["pass"] = False
@@ -284,22 +294,19 @@ def finalize(rec: dict) -> dict:
             rec["note"] = "no result"
     else:
         tol = TOLERANCE.get(rec["dtype"], 1e-5)
-        rec["pass"] = bool(err <= tol)
+        wrong = [f"error {err:.3g} > tolerance {tol:g}"] if not err <= tol else []
+        wrong += [f"{f} error {e:.3g} > tolerance {tol:g}" for f, e in (rec.get("family_error") or {}).items()
+                  if e is not None and not e <= tol]  # NaN fails too
+        rec["pass"] = not wrong
         rec["status"] = "ok" if rec["pass"] else "failed"
-        if not rec["pass"]:
-            rec["note"] = _join(rec.get("note"), f"error {err:.3g} > tolerance {tol:g}")
+        for w in wrong:
+            rec["note"] = join_notes(rec.get("note"), w)
     rec.pop("_final_status", None)
+    if rec.get("family_ms"):
+        best, best_ms = fastest_family(rec, TOLERANCE.get(rec["dtype"], 1e-5))
+        rec["fastest_family"] = best
+        rec["selected_vs_fastest"] = ratio(rec["ms"].get("sparsegen"), best_ms)
     return rec
-
-
-def _join(a, b):
-    return b if not a else f"{a}; {b}"
-
-
-def _message(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
-    return f"{type(exc).__name__}: {first}"[:500]
 
 
 # --------------------------------------------------------------------------- the run loop
@@ -333,6 +340,8 @@ def run(cfg, *, env: dict, executor=None, emit=print, checkpoint=None, clock=tim
             "n": list(cfg.ns or (QUICK_N if cfg.quick else N_VALUES)),
             "k": list(cfg.ks or (QUICK_K if cfg.quick else K_VALUES)),
             "limit": cfg.limit, "max_minutes": cfg.max_minutes,
+            "families": (list(getattr(cfg, "families", None)) if getattr(cfg, "families", None) not in (None, "all")
+                         else getattr(cfg, "families", None)),
             "tolerance": dict(TOLERANCE), "reference_limit": REFERENCE_LIMIT,
             "timing": {"min_runs": 20, "min_ms": 100, "warmup_runs": 3, "warmup_ms": 25},
         },
@@ -374,7 +383,7 @@ def run(cfg, *, env: dict, executor=None, emit=print, checkpoint=None, clock=tim
                 for case in mcases:
                     index += 1
                     rec = base_record(case, info)
-                    rec["note"] = f"load failed: {_message(exc)}"
+                    rec["note"] = f"load failed: {message(exc)}"
                     rec["_final_status"] = True
                     cases.append(finalize(rec))
                     emit(progress_line(index, total, rec))
@@ -395,7 +404,7 @@ def run(cfg, *, env: dict, executor=None, emit=print, checkpoint=None, clock=tim
                     except Exception as exc:
                         rec["status"] = "failed"
                         rec["_final_status"] = True
-                        rec["note"] = _join(rec.get("note"), _message(exc))
+                        rec["note"] = join_notes(rec.get("note"), message(exc))
                     finalize(rec)
                     cases.append(rec)
                     emit(progress_line(index, total, rec))
@@ -447,6 +456,9 @@ def progress_line(index: int, total: int, rec: dict) -> str:
              f"cusparse {ms('cusparse')} ms ({x('vs_cusparse')})"]
     if rec["op"] == "spmm":
         parts.append(f"cublas {ms('cublas')} ms ({x('vs_cublas')})")
+    if rec.get("fastest_family"):
+        parts.append(f"fastest {rec['fastest_family']} (selected {rec['selected_vs_fastest']:.2f}x its time)"
+                     if rec.get("selected_vs_fastest") else f"fastest {rec['fastest_family']}")
     parts.append("err -" if err is None else f"err {err:.2e}")
     parts.append(status)
     if rec.get("note") and rec["status"] != "ok":
@@ -454,346 +466,3 @@ def progress_line(index: int, total: int, rec: dict) -> str:
     return "  ".join(parts)
 
 
-# --------------------------------------------------------------------------- the GPU side
-
-_NP_DTYPES = {"float32": np.float32, "float16": np.float16}
-
-
-class GpuExecutor:
-    """Measures cases on the current CUDA device with torch (and CuPy when importable)."""
-
-    def __init__(self, timer=None):
-        from sparsegen.bench import cuda_torch
-
-        torch = cuda_torch()
-        import sparsegen
-
-        from sparsegen.bench.timing import time_cuda
-
-        warnings.filterwarnings("ignore", message=".*[Ss]parse CSR tensor support is in beta.*")
-        warnings.filterwarnings("ignore", message=".*[Ss]parse invariant checks are implicitly")
-        self.torch = torch
-        self.sparsegen = sparsegen
-        self.timer = timer or time_cuda
-        self.device = torch.device("cuda", torch.cuda.current_device())
-        torch.zeros(1, device=self.device)  # create the primary context before sparsegen's runtime
-        self._saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-        torch.backends.cuda.matmul.allow_tf32 = False   # cuBLAS fp32 is true fp32
-        torch.backends.cudnn.allow_tf32 = False
-        try:
-            import cupy
-            import cupyx.scipy.sparse  # noqa: F401
-            import cupyx.cusparse
-
-            self.cupy = cupy
-            self.cupy_sddmm = getattr(cupyx.cusparse, "sddmm", None)
-        except Exception:
-            self.cupy = None
-            self.cupy_sddmm = None
-        self.baselines = {
-            "cusparse": "torch.mm(torch.sparse_csr_tensor(int32 crow, int32 col, values), X)",
-            "cublas": "torch.matmul(dense A, X), TF32 off for float32",
-            "cusparse_sddmm": "torch.sparse.sampled_addmm(CSR int32 pattern, A, B.t(), beta=0)"
-                              + (" and cupyx.cusparse.sddmm" if self.cupy_sddmm else ""),
-            "torch": torch.__version__,
-            "cupy": getattr(self.cupy, "__version__", None),
-        }
-
-    def matrix(self, A):
-        return _GpuMatrix(self, A)
-
-    def context_lost(self):
-        """A message when the CUDA context no longer works (then the run must stop), else None."""
-        try:
-            self.torch.cuda.synchronize()
-            self.torch.zeros(1, device=self.device).add_(1).item()
-            return None
-        except Exception as exc:
-            return _message(exc)
-
-    def close(self):
-        t = self.torch
-        t.backends.cuda.matmul.allow_tf32, t.backends.cudnn.allow_tf32 = self._saved
-        t.cuda.empty_cache()
-
-
-class _GpuMatrix:
-    """The GPU copies of one matrix (per dtype, made on first use) and its cases."""
-
-    def __init__(self, ex: GpuExecutor, A: sp.csr_matrix):
-        self.ex = ex
-        self.A = A
-        self._dtype = None
-        self._t = {}
-
-    # one dtype's copies at a time; cases of a matrix come grouped by dtype
-    def tensors(self, dtype: str) -> dict:
-        if self._dtype == dtype:
-            return self._t
-        self._release()
-        torch = self.ex.torch
-        dev = self.ex.device
-        A = self.A
-        Ad = A.copy()
-        Ad.data = A.data.astype(_NP_DTYPES[dtype]).astype(np.float32)  # values as the dtype holds them
-        crow = torch.from_numpy(A.indptr.astype(np.int32)).to(dev)
-        col = torch.from_numpy(A.indices.astype(np.int32)).to(dev)
-        vals = torch.from_numpy(A.data.astype(_NP_DTYPES[dtype])).to(dev)
-        sparse = torch.sparse_csr_tensor(crow, col, vals, size=A.shape)
-        self._t = {"A": Ad, "A64": Ad.astype(np.float64), "crow": crow, "col": col, "vals": vals,
-                   "sparse": sparse, "dense": None}
-        self._dtype = dtype
-        return self._t
-
-    def dense(self):
-        t = self._t
-        if t["dense"] is None:
-            t["dense"] = t["sparse"].to_dense()
-        return t["dense"]
-
-    def run(self, case: Case) -> dict:
-        if case.op == "spmm":
-            return self._spmm(case)
-        if case.op == "sddmm":
-            return self._sddmm(case)
-        raise SparsegenError(f"unknown op {case.op!r}")
-
-    # ------------------------------------------------------------------ measurement helpers
-    def _time(self, fn) -> dict:
-        return self.ex.timer(fn)
-
-    def _baseline(self, rec, name, fn, check):
-        """Run baseline `fn` once, check its result, time it; failures become notes."""
-        try:
-            res = fn()
-            rec["baseline_error"][name] = check(res)
-            del res
-            t = self._time(fn)
-            rec["ms"][name] = t["median_ms"]
-            rec["ms_min"][name] = t["min_ms"]
-            rec.setdefault("timing", {})[name] = recorded(t)
-        except Exception as exc:
-            rec.setdefault("baseline_notes", {})[name] = _message(exc)
-
-    def _compile(self, rec, pattern, **kw):
-        t0 = time.perf_counter()
-        try:
-            kern = self.ex.sparsegen.compile(pattern, **kw)
-        except UnsupportedError as exc:
-            rec["status"] = "unsupported"
-            rec["_final_status"] = True
-            rec["reason"] = str(exc)[:500]
-            rec["note"] = f"unsupported: {str(exc)[:300]}"
-            return None
-        except Exception as exc:
-            rec["status"] = "failed"
-            rec["_final_status"] = True
-            rec["note"] = f"compile failed: {_message(exc)}"
-            return None
-        rec["compile_s"] = round(time.perf_counter() - t0, 3)
-        rec["spec"] = getattr(getattr(kern, "spec", None), "name", None)
-        rec["reason"] = getattr(getattr(kern, "selection", None), "reason", None)
-        backend = getattr(kern, "backend", "gpu")
-        if backend != "gpu":  # never time the NumPy emulator as if it were the kernel
-            rec["status"] = "failed"
-            rec["_final_status"] = True
-            rec["note"] = (f"sparsegen compiled for backend {backend!r}, not the GPU "
-                           "(is PyCUDA installed?)")
-            return None
-        return kern
-
-    # ------------------------------------------------------------------ SpMM
-    def _spmm(self, case: Case) -> dict:
-        torch = self.ex.torch
-        dev = self.ex.device
-        t = self.tensors(case.dtype)
-        A64 = t["A64"]
-        M, K = A64.shape
-        n = case.n
-        rng = np.random.default_rng(seed_for(case.id, "X", n))
-        X = rng.standard_normal((K, n)).astype(_NP_DTYPES[case.dtype])  # cast first: both see it
-        if A64.nnz * n > REFERENCE_LIMIT:
-            cols = np.sort(rng.choice(n, size=min(SPMM_CHECK_COLUMNS, n), replace=False))
-        else:
-            cols = np.arange(n)
-        ref = A64 @ X[:, cols].astype(np.float64)
-        ref = np.asarray(ref)
-        x = torch.from_numpy(X).to(dev).contiguous()
-        cols_t = torch.from_numpy(cols).to(dev)
-
-        def check_torch(y):
-            return relative_error(y.index_select(1, cols_t).double().cpu().numpy(), ref)
-
-        rec = {"ms": {}, "ms_min": {}, "baseline_error": {}, "checked_columns": int(len(cols))}
-        kern = self._compile(rec, t["A"], op="spmm", n=n, dtype=case.dtype)
-        if kern is not None:
-            try:
-                y = torch.full((M, n), float("nan"), dtype=x.dtype, device=dev)
-                r = kern(x, out=y)
-                if r is not None and r is not y:
-                    y = r
-                rec["error"] = check_torch(y)
-                tm = self._time(lambda: kern(x, out=y))
-                rec["ms"]["sparsegen"] = tm["median_ms"]
-                rec["ms_min"]["sparsegen"] = tm["min_ms"]
-                rec["timing"] = {"sparsegen": recorded(tm)}
-                del y
-            except Exception as exc:
-                rec["status"] = "failed"
-                rec["_final_status"] = True
-                rec["note"] = f"launch failed: {_message(exc)}"
-
-        A_sp = t["sparse"]
-        self._baseline(rec, "cusparse", lambda: torch.mm(A_sp, x), check_torch)
-        dense = self.dense()
-        self._baseline(rec, "cublas", lambda: torch.matmul(dense, x), check_torch)
-        if self.ex.cupy is not None:
-            self._cupy_spmm(rec, case, t, x, cols, ref)
-        return rec
-
-    def _cupy_spmm(self, rec, case, t, x, cols, ref):
-        cp = self.ex.cupy
-        import cupyx.scipy.sparse as csp
-
-        try:
-            stream = cp.cuda.ExternalStream(self.ex.torch.cuda.current_stream().cuda_stream)
-            with stream:
-                cA = csp.csr_matrix((cp.asarray(t["vals"]), cp.asarray(t["col"]),
-                                     cp.asarray(t["crow"])), shape=t["A"].shape)
-                cx = cp.asarray(x)
-        except Exception as exc:
-            rec.setdefault("baseline_notes", {})["cupy_csr"] = _message(exc)
-            return
-
-        def fn():
-            with stream:
-                return cA @ cx
-
-        cols_c = cp.asarray(cols)
-
-        def check(y):
-            return relative_error(cp.asnumpy(y[:, cols_c]).astype(np.float64), ref)
-
-        self._baseline(rec, "cupy_csr", fn, check)
-
-    # ------------------------------------------------------------------ SDDMM
-    def _sddmm(self, case: Case) -> dict:
-        torch = self.ex.torch
-        dev = self.ex.device
-        t = self.tensors(case.dtype)
-        P = t["A"]
-        M, N = P.shape
-        k = case.k
-        nnz = P.nnz
-        rng = np.random.default_rng(seed_for(case.id, "AB", k))
-        npd = _NP_DTYPES[case.dtype]
-        Ah = rng.standard_normal((M, k)).astype(npd)
-        Bh = rng.standard_normal((N, k)).astype(npd)
-        if nnz * k > REFERENCE_LIMIT:
-            idx = np.sort(rng.choice(nnz, size=min(SDDMM_CHECK_NNZ, nnz), replace=False))
-        else:
-            idx = np.arange(nnz)
-        rows_of = np.repeat(np.arange(M, dtype=np.int64), np.diff(P.indptr))
-        ref = sddmm_reference(Ah, Bh, rows_of[idx], P.indices[idx])
-        a = torch.from_numpy(Ah).to(dev).contiguous()
-        b = torch.from_numpy(Bh).to(dev).contiguous()
-        idx_t = torch.from_numpy(idx).to(dev)
-
-        def check_vals(v):
-            return relative_error(v.reshape(-1).index_select(0, idx_t).double().cpu().numpy(), ref)
-
-        rec = {"ms": {}, "ms_min": {}, "baseline_error": {}, "checked_columns": None,
-               "checked_nnz": int(len(idx))}
-        kern = self._compile(rec, P, op="sddmm", k=k, dtype=case.dtype)
-        if kern is not None:
-            try:
-                v = kern(a, b)
-                rec["error"] = check_vals(v)
-                del v
-                tm = self._time(lambda: kern(a, b))
-                rec["ms"]["sparsegen"] = tm["median_ms"]
-                rec["ms_min"]["sparsegen"] = tm["min_ms"]
-                rec["timing"] = {"sparsegen": recorded(tm)}
-            except Exception as exc:
-                rec["status"] = "failed"
-                rec["_final_status"] = True
-                rec["note"] = f"launch failed: {_message(exc)}"
-
-        pattern = t["sparse"]
-        bt = b.t()
-        self._baseline(
-            rec, "cusparse_torch",
-            lambda: torch.sparse.sampled_addmm(pattern, a, bt, beta=0.0, alpha=1.0),
-            lambda r: check_vals(r.values()))
-        if "cusparse_torch" not in rec["ms"] and case.dtype == "float32":
-            # some torch builds take only int64 CSR indices here: time that, and say so
-            p64 = torch.sparse_csr_tensor(t["crow"].long(), t["col"].long(), t["vals"], size=P.shape)
-            self._baseline(
-                rec, "cusparse_torch",
-                lambda: torch.sparse.sampled_addmm(p64, a, bt, beta=0.0, alpha=1.0),
-                lambda r: check_vals(r.values()))
-            if "cusparse_torch" in rec["ms"]:
-                rec["note"] = _join(rec.get("note"), "sampled_addmm with int64 indices")
-        if self.ex.cupy_sddmm is not None:
-            self._cupy_sddmm(rec, t, a, b, check_vals)
-        # claim against the faster baseline among those whose answer passed the check
-        tol = TOLERANCE.get(case.dtype, 1e-5)
-        best = None
-        for name in ("cusparse_torch", "cusparse_cupy"):
-            ms = rec["ms"].get(name)
-            err = rec["baseline_error"].get(name)
-            if ms is not None and err is not None and err <= tol and (best is None or ms < best[1]):
-                best = (name, ms)
-        if best is not None:
-            rec["ms"]["cusparse"] = rec["ms"][best[0]]
-            rec["ms_min"]["cusparse"] = rec["ms_min"][best[0]]
-            rec["cusparse_path"] = best[0]
-        return rec
-
-    def _cupy_sddmm(self, rec, t, a, b, check_vals):
-        cp = self.ex.cupy
-        import cupyx.scipy.sparse as csp
-
-        try:
-            stream = cp.cuda.ExternalStream(self.ex.torch.cuda.current_stream().cuda_stream)
-            with stream:
-                ca, cbt = cp.asarray(a), cp.asarray(b).T
-                cc = csp.csr_matrix((cp.asarray(t["vals"]).copy(), cp.asarray(t["col"]),
-                                     cp.asarray(t["crow"])), shape=t["A"].shape)
-        except Exception as exc:
-            rec.setdefault("baseline_notes", {})["cusparse_cupy"] = _message(exc)
-            return
-        sddmm = self.ex.cupy_sddmm
-
-        def fn():
-            with stream:
-                r = sddmm(ca, cbt, cc, alpha=1.0, beta=0.0)
-            return cc if r is None else r
-
-        def check(r):
-            return check_vals(self.ex.torch.as_tensor(r.data, device=self.ex.device))
-
-        self._baseline(rec, "cusparse_cupy", fn, check)
-
-    # ------------------------------------------------------------------
-    def _release(self):
-        self._t = {}
-        self._dtype = None
-
-    def close(self):
-        self._release()
-        self.A = None
-        self.ex.torch.cuda.empty_cache()
-
-
-def sddmm_reference(A, B, rows, cols, *, chunk_elems: int = 1 << 24) -> np.ndarray:
-    """vals[j] = A[rows[j]] . B[cols[j]] in float64, chunked to bound memory."""
-    A64 = np.asarray(A, dtype=np.float64)
-    B64 = np.asarray(B, dtype=np.float64)
-    k = A64.shape[1]
-    out = np.empty(len(rows), dtype=np.float64)
-    step = max(1, chunk_elems // max(k, 1))
-    for s in range(0, len(rows), step):
-        e = min(len(rows), s + step)
-        out[s:e] = np.einsum("ij,ij->i", A64[rows[s:e]], B64[cols[s:e]])
-    return out

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import graphchallenge as gc
 from ..spdnn import SparseDNN
-from .report import _atomic_write
+from .report import atomic_write
 
 RUNS = 3
 
@@ -253,16 +253,21 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def exit_status(doc: dict) -> int:
+    """0 when every case passed, else 1."""
+    return 0 if all(c.get("pass") for c in doc["cases"]) else 1
+
+
 def write_json(doc: dict, out_dir) -> Path:
     path = Path(out_dir) / "graphchallenge.json"
-    _atomic_write(path, json.dumps(doc, indent=1) + "\n")
+    atomic_write(path, json.dumps(doc, indent=1) + "\n")
     return path
 
 
 def write_reports(doc: dict, out_dir) -> dict:
     out = Path(out_dir)
     paths = {"json": write_json(doc, out), "md": out / "graphchallenge.md", "png": None}
-    _atomic_write(paths["md"], markdown(doc))
+    atomic_write(paths["md"], markdown(doc))
     try:
         import matplotlib
 

@@ -56,7 +56,7 @@ class Spec(KernelSpec):
 WARPS_PER_SM = 16  # resident warps per SM wanted to hide load latency (of 64 possible)
 # Two chunks a step (their index loads together, then all their X loads) for float32 at n <= 32 when
 # rows average <= UNROLL_MAX_MEAN nonzeros: there a row's dependent loads set the time. H100 sweep over
-# every DLMC matrix and four squares at n = 32 (benchmarks/results/h100-80gb-hbm3/probes/
+# every DLMC matrix and four squares at n = 32 (docs/decisions/data/h100-80gb-hbm3/
 # spmm_sweep_rowsplit_unroll_n32.txt): on the 28 cases the rule gives csr_rowsplit, 1.13x (two chunks)
 # and 1.04x (four); rows of 410-819 nonzeros (the 4096 and 8192 squares at 90 %) 0.82-0.91x, so they
 # stay at one.

@@ -34,7 +34,7 @@ SLICE_K = 32  # elements of k per pipeline step (k < 32: k rounded up to 8, one 
 STAGES = 3  # slices in flight
 REGISTERS = 128  # per-thread register budget, through __launch_bounds__' minimum blocks per SM
 # Where whole tiles beat sputnik_sddmm's gather, measured on the H100 with 128-row tiles over every
-# DLMC matrix at k = 32/128/256 (benchmarks/results/h100-80gb-hbm3/probes/sddmm_sweep_dense_tile_v3.txt,
+# DLMC matrix at k = 32/128/256 (docs/decisions/data/h100-80gb-hbm3/sddmm_sweep_dense_tile_v3.txt,
 # the kernel with its compacted stores). At k >= 128: from 28 % fill (0.25-0.28: 1.03-1.08x, below
 # that a wash or a loss: 512 x 4608 at 20 % ran 0.81-0.89x) with at least half a tile per SM (the
 # 512 x 512 layers, 32 tiles, ran 0.70-0.92x; 256 x 2304, 72 tiles, 1.20-1.55x). At k = 32 one slice

@@ -28,7 +28,7 @@ RELU_KERNEL = "ell_coo_spmm_relu"
 WARP = 32
 BLOCK = 128  # threads per block in every step
 # Row-length CoV from which the hybrid beats swizzled CSR (sputnik_spmm) on the H100: 4096 x 4096,
-# 10 % dense, lognormal row lengths (benchmarks/results/h100-80gb-hbm3/spmm_sweep_skewed_f32.json):
+# 10 % dense, lognormal row lengths (docs/decisions/data/h100-80gb-hbm3/spmm_sweep_skewed_f32.json):
 # at n = 128 it wins from CoV 0.74 (0.127 vs 0.136 ms; 0.122 vs 0.175 at 0.97); at n = 32 sputnik
 # still wins at 1.17 (0.081 vs 0.094 ms), they tie at 1.33, and the hybrid wins at 1.57 (0.069 vs 0.084).
 COV_MIN = 0.75  # n >= WIDE_N

@@ -40,7 +40,7 @@ REGISTER_BLOCKS = 4  # 256-thread blocks the register file holds at this kernel'
 PAIR_SLACK = 1.25  # staged capacity over the expected segment; longer segments read the rest from L2
 FINISH_THREADS = 256
 # Where it beat csr_rowsplit and sputnik_spmm in the H100 sweep over every 5th DLMC matrix at
-# n = 32..1024 (benchmarks/results/h100-80gb-hbm3/spmm_sweep_panel_f32.json): 2048-4608 columns at
+# n = 32..1024 (docs/decisions/data/h100-80gb-hbm3/spmm_sweep_panel_f32.json): 2048-4608 columns at
 # 8-20 % density (1.2-2x). At 2-3.5 % a staged X row serves too few nonzeros to pay for its copy;
 # with 512 columns X stays in L1 anyway and the CSR kernels tie or win. Rows: all of those wins
 # were on 256-1000 rows; the complete dlmc run of 2026-11-24 (benchmarks/results/h100-80gb-hbm3/

@@ -20,7 +20,7 @@ from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decli
 FAMILY = "spdnn_sliced_ell"
 KERNEL = "spdnn_layer"
 # Measured on the H100 (n1024-l120, 60,000 MNIST-made inputs): tiles of 1024 outputs with 16 inputs
-# per pass ran 40.5 TeraEdges/s against 31.6 with 12 and 39.1 with 8 (benchmarks/README.md).
+# per pass ran 40.5 TeraEdges/s against 31.6 with 12 and 39.1 with 8 (docs/decisions/data/h100-80gb-hbm3/spdnn_block_minibatch_sweep.json).
 DEFAULT_MINIBATCH = 16
 
 

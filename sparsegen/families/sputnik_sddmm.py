@@ -33,7 +33,7 @@ TILES = (32, 16, 8)  # nonzeros per tile, largest first (Sputnik: 32)
 LOADS_IN_FLIGHT = 32  # tile x unroll: independent vector loads per lane and chunk
 # Warps wanted per SM: latency hiding between load rounds. The tile halves until the tiles give this
 # many. 24 (was 16): in the H100 sweep of every 6th DLMC matrix at k = 32/128/256
-# (benchmarks/results/h100-80gb-hbm3/probes/sddmm_sweep_tile.txt) 32-nonzero tiles that gave 2.3-3.0k
+# (docs/decisions/data/h100-80gb-hbm3/sddmm_sweep_tile.txt) 32-nonzero tiles that gave 2.3-3.0k
 # warps ran 12-21 % slower at k >= 128 than 16-nonzero tiles (twice the warps), and those that gave
 # 3.7k or more ran 3-11 % faster.
 WARPS_PER_SM = 24
@@ -45,7 +45,7 @@ INT32_MAX = 2**31 - 1
 # float32 with k exactly one pass of ONE_PASS_TILE-nonzero tiles of ONE_PASS_UNROLL float4 loads per lane
 # (k = 128 with 8-lane groups, k = 256 with 16): such tiles, ONE_PASS_BLOCK-thread blocks and
 # ONE_PASS_MIN_BLOCKS of them per SM (85 registers, 24 warps an SM, against 16 at REGISTERS). H100 sweeps
-# (benchmarks/results/h100-80gb-hbm3/probes/sddmm_sweep_one_pass*.txt, sddmm_sweep_occupancy.txt): at
+# (docs/decisions/data/h100-80gb-hbm3/sddmm_sweep_one_pass*.txt, sddmm_sweep_occupancy.txt): at
 # k = 128 1.06x faster than the rule's tiles over 27 DLMC matrices and two squares (0.91-1.22x), 1.053x
 # over the suite's 62 cases; at k = 256 with 16-lane groups 1.10x where the rule's blocks are under
 # LARGE_BLOCK threads (12 of 20 cases, 0.93-1.22x) and 0.84-1.01x where they are not; narrower groups

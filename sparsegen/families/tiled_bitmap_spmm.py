@@ -185,7 +185,7 @@ def describe(stats, request: Request, spec: Spec, why: str) -> str:
 def gate(stats, request: Request):
     """The tile families' gate, and what only the bitmap kernel refuses: k-groups and unknown granules.
     Odd N is taken: N = 1 and 3 with a 3-slot ring give right rows, racecheck clean
-    (benchmarks/repro_bitmap_odd_n.py); tests/test_gpu_tiled.py keeps those configurations."""
+    (docs/decisions/data/h100-80gb-hbm3/repro_bitmap_odd_n.txt); tests/test_gpu_tiled.py keeps those configurations."""
     declined = T.gate(stats, request)
     if declined is None and T.request_warp_k(request) != 1:
         return decline(f"options warp_k={T.request_warp_k(request)}: the bitmap encoding slices each tile by "
