@@ -868,3 +868,27 @@ def test_resumed_slices_accumulate(tmp_path, small_weights):
         ("opt/7168x7168/0.5", 16), ("opt/7168x7168/0.5", 64),
         ("opt/7168x7168/0.7", 16), ("opt/7168x7168/0.7", 64),
         ("opt/7168x7168/0.9", 16), ("opt/7168x7168/0.9", 64)]
+
+
+def _timed(id_, n, family, **ms):
+    return {"id": id_, "n": n, "family": family, "status": "ok", "source": "opt", "dtype": "float16", "ms": ms}
+
+
+def test_selection_quality_counts_the_floor_and_the_five_percent_band_on_both_sides():
+    from sparsegen.bench import llm_report
+
+    cases = [
+        _timed("a", 8, "tiled_csl_spmm", sparsegen=1.0, tiled_csl_spmm=1.0, tiled_bitmap_spmm=0.953, cublas=2.0),
+        _timed("b", 8, "tiled_csl_spmm", sparsegen=1.0, tiled_csl_spmm=1.0, tiled_bitmap_spmm=0.95, cublas=2.0),
+        _timed("c", 16, "dense_gemm", sparsegen=1.0, tiled_csl_spmm=None, tiled_bitmap_spmm=None, cublas=0.97),
+        _timed("d", 16, "dense_gemm", sparsegen=1.0, cublas=0.969),
+        _timed("e", 16, "dense_gemm", sparsegen=None, cublas=1.0),  # not timed: not counted
+    ]
+    n, floor, least, near, misses = llm_report.selection_quality(cases)["float16"]
+    assert (n, floor, near) == (4, 3, 3)  # d is 1.0 / 0.969 = 1.032x the fastest: inside 5 %, under 0.97x
+    assert least == pytest.approx(0.969)
+    assert [(i, m, fam) for i, m, fam, _ in misses] == [("b", 8, "tiled_csl_spmm")]
+    assert misses[0][3] == pytest.approx(1 / 0.95)
+    md = "\n".join(llm_report._selection_section(cases))
+    assert "selected ≥ 0.97× cuBLAS in **3 / 4** cases" in md and "in **3 / 4** (75.0%)" in md
+    assert "- miss: b N=8 tiled_csl_spmm: 1.053× the fastest" in md

@@ -72,6 +72,42 @@ def bitmap_summary(cases, source="opt") -> dict:
     return {d: report.geomean(v) for d, v in out.items()}
 
 
+SELECTION_FLOOR = 0.97  # the selected kernel vs cuBLAS, every case
+FASTEST_SLACK = 0.05  # the selected kernel within this of the fastest timed
+
+
+def selection_quality(cases, source="opt") -> dict:
+    """{dtype: (cases, at or past SELECTION_FLOOR x cuBLAS, the least ratio, within FASTEST_SLACK of
+    the fastest of {selected, forced Tiled-CSL, forced bitmap, cuBLAS}, [misses])} over passing cases
+    with the selected kernel and cuBLAS timed; a miss is (id, n, family, selected / fastest)."""
+    out = {}
+    for c in _ok(cases, source):
+        ms = c.get("ms") or {}
+        mine, dense = ms.get("sparsegen"), ms.get("cublas")
+        if not mine or not dense:
+            continue
+        fastest = min(v for v in (mine, ms.get(CSL), ms.get(BITMAP), dense) if v)
+        n, floor, least, near, misses = out.get(c["dtype"], (0, 0, None, 0, []))
+        ratio = dense / mine
+        near_now = mine <= fastest * (1 + FASTEST_SLACK)
+        if not near_now:
+            misses = misses + [(c["id"], c["n"], c.get("family"), mine / fastest)]
+        out[c["dtype"]] = (n + 1, floor + (ratio >= SELECTION_FLOOR), ratio if least is None else min(least, ratio),
+                           near + near_now, misses)
+    return out
+
+
+def _selection_section(cases) -> list[str]:
+    out = []
+    for dtype, (n, floor, least, near, misses) in selection_quality(cases).items():
+        out += [f"{dtype}: selected ≥ {SELECTION_FLOOR:g}× cuBLAS in **{floor} / {n}** cases (least "
+                f"{report._x(least)}); within {FASTEST_SLACK:.0%} of the fastest of {{selected, Tiled-CSL, bitmap, "
+                f"cuBLAS}} in **{near} / {n}** ({near / n:.1%}).", ""]
+        out += [f"- miss: {i} N={m} {fam}: {r:.3f}× the fastest" for i, m, fam, r in misses]
+        out += [""] if misses else []
+    return out or ["(no passing case with the selected kernel and cuBLAS timed)", ""]
+
+
 def bandwidth_table(cases, source="opt") -> list[tuple]:
     """Rows (dtype, sparsity, {name: (median, max) fraction}) over passing cases with N <= 64."""
     names = ("sparsegen", CSL, BITMAP, "cublas", "cusparse")
@@ -122,6 +158,8 @@ def markdown(doc: dict, *, png_name=None, png_note=None) -> str:
           f"{sum(c.get('status') == 'unsupported' for c in cases)} unsupported.", ""]
     L += ["## Geomean speedup over cuBLAS of the selected kernel (OPT shapes)", ""]
     L += _speedup_section(cases, "opt", with_targets=True)
+    L += ["## How well selection chose (OPT shapes)", ""]
+    L += _selection_section(cases)
     L += ["## Bitmap ÷ Tiled-CSL (both forced; Tiled-CSL time ÷ bitmap time)", ""]
     table = speedup_table(cases, "bitmap_vs_csl")
     for dtype, t in table.items():
@@ -291,6 +329,9 @@ def summary_lines(doc: dict) -> list[str]:
                          f"{report._x(g)} (min {report._x(mn)}; target {target}: {met})")
     for dtype, g in bitmap_summary(doc["cases"]).items():
         lines.append(f"bitmap / Tiled-CSL {dtype} at {BITMAP_RANGE[0]:g}-{BITMAP_RANGE[1]:g}: {report._x(g)}")
+    for dtype, (n, floor, least, near, _) in selection_quality(doc["cases"]).items():
+        lines.append(f"selection {dtype}: >= {SELECTION_FLOOR:g}x cuBLAS {floor}/{n} (least {report._x(least)}); "
+                     f"within {FASTEST_SLACK:.0%} of the fastest {near}/{n} ({near / n:.1%})")
     bad = [c for c in doc["cases"] if c.get("status") == "failed"]
     lines.append(f"{len(doc['cases'])} cases, {len(bad)} failed")
     return lines
