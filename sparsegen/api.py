@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -14,12 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, nvcc
+from . import nvcc
+from ._version import __version__
 from .analyze import analyze, structure_hash, values_hash
 from .cache import Cache, key, pack_arrays, unpack_arrays
 from .errors import ShapeError, SparsegenError, UnsupportedError
 from .families import family_of
 from .families.base import DTYPES, Request
+from .fingerprint import generator_fingerprint
 from .formats import Plan
 from .io import as_csr, load
 from .operands import host_operands
@@ -171,24 +172,6 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<sparsegen.Kernel {self.spec.name} {self.shape[0]}x{self.shape[1]} backend={self.backend}>"
-
-
-# What shapes a plan: the stages from analysis to rendered source, and the rates selection reads.
-PLAN_SOURCES = ("api.py", "analyze.py", "render.py", "families/*.py", "formats/*.py", "select/*.py",
-                "select/rates/*.json")
-
-
-@functools.lru_cache(maxsize=4)
-def generator_fingerprint(package: Path | None = None, templates: Path | None = None) -> str:
-    """sha256 of the templates and of the code that shapes a plan (PLAN_SOURCES): a plan caches
-    generated source, so a change there (not only a version bump) must miss, and a change elsewhere
-    (the CLI, the benchmarks, the readers) keeps the cache."""
-    from .render import template_dir
-
-    package = package or Path(__file__).resolve().parent
-    files = sorted((templates or template_dir()).glob("*.j2"))
-    files += sorted(f for pattern in PLAN_SOURCES for f in package.glob(pattern))
-    return key(*(part for f in files for part in (f.relative_to(f.parent.parent).as_posix(), f.read_bytes())))
 
 
 def cubin_key(source: str, arch: str) -> str:

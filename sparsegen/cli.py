@@ -16,7 +16,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-from . import __version__
+from ._version import __version__
 from .errors import SparsegenError
 
 

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import __version__
+from ._version import __version__
 from .analyze import structure_hash
 from .cache import Cache, key
 from .errors import UnsupportedError
+from .fingerprint import generator_fingerprint
 
 log = logging.getLogger("sparsegen")
 RUNS = 20
@@ -37,8 +38,6 @@ class Trial:
 
 
 def tune_key(csr, request) -> str:
-    from .api import generator_fingerprint
-
     fields = sorted((k, v) for k, v in vars(request).items() if k != "options")
     options = sorted((k, v) for k, v in request.options if k != "family")
     return key("tune", __version__, generator_fingerprint(), structure_hash(csr), repr(fields), repr(options))

@@ -314,7 +314,7 @@ def test_the_plan_fingerprint_covers_what_shapes_a_plan_and_nothing_else(tmp_pat
     or a template misses."""
     import shutil
 
-    from sparsegen.api import generator_fingerprint as cached
+    from sparsegen.fingerprint import generator_fingerprint as cached
     from sparsegen.render import template_dir
 
     package, templates = tmp_path / "sparsegen", tmp_path / "templates"
