@@ -19,7 +19,8 @@ from .analyze import analyze, structure_hash, values_hash
 from .cache import Cache, key, pack_arrays, unpack_arrays
 from .errors import ShapeError, SparsegenError, UnsupportedError
 from .families import family_of
-from .families.base import DTYPES, Request
+from .dtypes import DTYPES
+from .families.base import Request
 from .fingerprint import generator_fingerprint
 from .formats import Plan
 from .io import as_csr, load

@@ -12,8 +12,9 @@ from pathlib import Path
 from .cache import key
 from .render import template_dir
 
-# What shapes a plan: the stages from analysis to rendered source, and the rates selection reads.
-PLAN_SOURCES = ("api.py", "analyze.py", "render.py", "families/*.py", "formats/*.py", "select/*.py",
+# What shapes a plan: the stages from analysis to rendered source, the dtype table they read, and the
+# rates selection reads.
+PLAN_SOURCES = ("api.py", "analyze.py", "render.py", "dtypes.py", "families/*.py", "formats/*.py", "select/*.py",
                 "select/rates/*.json")
 
 

@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 
+from .dtypes import WITH_NUMPY
 from .errors import LaunchError, ShapeError
 from .operands import check_count, host_operands, kind_of, numpy_dtype
 
@@ -385,7 +386,7 @@ class _TorchBlas(_Binding):
 class _CupyBlas(_Binding):
     """cuBLAS through CuPy: `cupy.matmul(a, b, out=c)` (float16 and float32: CuPy has no bfloat16)."""
 
-    TYPESTR = {"float16": "<f2", "float32": "<f4"}
+    TYPESTR = {name: np.dtype(name).str for name in WITH_NUMPY}
 
     def __init__(self, dtype: str):
         import cupy

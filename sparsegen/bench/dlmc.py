@@ -28,6 +28,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsegen.bench.timing import recorded
+from sparsegen.dtypes import WITH_NUMPY
 from sparsegen.errors import SparsegenError, UnsupportedError
 
 NAME = "dlmc"
@@ -456,7 +457,7 @@ def progress_line(index: int, total: int, rec: dict) -> str:
 
 # --------------------------------------------------------------------------- the GPU side
 
-_NP_DTYPES = {"float32": np.float32, "float16": np.float16}
+_NP_DTYPES = {name: np.dtype(name) for name in WITH_NUMPY}
 
 
 class GpuExecutor:

@@ -55,6 +55,7 @@ import scipy.sparse as sp
 from sparsegen.bench import report
 from sparsegen.bench.dlmc import _join, _message, relative_error, seed_for
 from sparsegen.bench.timing import recorded
+from sparsegen.dtypes import HALF
 from sparsegen.errors import FormatError, SparsegenError, UnsupportedError
 
 NAME = "llm"
@@ -969,7 +970,7 @@ def _clear_stale(root: Path, cases) -> None:
 
 # --------------------------------------------------------------------------- the GPU side
 
-_TORCH_DTYPES = {"float16": "float16", "bfloat16": "bfloat16"}
+_TORCH_DTYPES = {name: name for name in HALF}  # torch names them as sparsegen does
 
 
 class GpuExecutor:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..dtypes import DTYPES, long_name, short_name
 from ..formats.tiling import TILE_K
 from .base import Arg, KernelSpec, Launch, Operand, Request, Step, decline, epilogue_suffix, widest_vector
 
@@ -41,8 +42,6 @@ MAX_N = 256  # skinny products only: past this, W is re-read per 64-column tile 
 L2_SHARE = (8, 25)
 MAX_BN = 64  # columns per block: MF x NF x 4 fp32 accumulators per thread stay <= 64 (tile_m 128)
 MIN_DENSITY = 0.05  # below this, tile math on zeros costs more than CSR kernels' work on nonzeros
-DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
-DTYPE_LONG = {v: k for k, v in DTYPE_SHORT.items()}
 REDUCTIONS = ("none", "atomic", "two_step", "cluster", "stream")
 
 MIN_K_TILES_PER_SPLIT = 4  # a block's pipeline prologue is amortised over at least this many tiles
@@ -654,7 +653,7 @@ def modelled_split(stats, request: Request, n: int, bn: int, resident: int, kern
 # ---- launch, operands, steps ------------------------------------------------------------------
 
 def out_dtype(request: Request) -> str:
-    return DTYPE_SHORT[request.option("out") or request.dtype]
+    return short_name(request.option("out") or request.dtype)
 
 
 def main_args(spec: TiledSpec, format_args: tuple) -> tuple:
@@ -688,15 +687,15 @@ def scratch_constants(spec: TiledSpec) -> dict:
 
 
 def operands(spec: TiledSpec, plan) -> tuple:
-    return (Operand("x", (spec.k, spec.n), DTYPE_LONG[spec.dtype]),), Operand("y", (spec.m, spec.n), DTYPE_LONG[spec.out])
+    return (Operand("x", (spec.k, spec.n), long_name(spec.dtype)),), Operand("y", (spec.m, spec.n), long_name(spec.out))
 
 
 def emulate_operands(spec: TiledSpec, plan) -> tuple:
     """What the NumPy emulator takes: NumPy has no bfloat16, so bf16 X comes as float32 (rounded to
     bf16 on entry) and bf16 Y leaves as float32 holding bf16-rounded values."""
     (x,), y = operands(spec, plan)
-    host = {"bfloat16": "float32"}
-    return (Operand("x", x.shape, host.get(x.dtype, x.dtype)),), Operand("y", y.shape, host.get(y.dtype, y.dtype))
+    return ((Operand("x", x.shape, DTYPES[x.dtype].host.name),),
+            Operand("y", y.shape, DTYPES[y.dtype].host.name))
 
 
 def alignment(spec: TiledSpec) -> int:

@@ -21,11 +21,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
+from ..dtypes import long_name, short_name
 from ..errors import UnsupportedError
 from ..select import device as device_model
 from ..select.device import DeviceModel
 
-DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 TEMPLATE_WORD = re.compile(r"[A-Za-z0-9_]*")  # what a string spec field may hold: it is pasted into source
 
 
@@ -47,7 +47,7 @@ class Request:
 
     @property
     def short_dtype(self) -> str:
-        return DTYPES[self.dtype]
+        return short_name(self.dtype)
 
     def option(self, name: str, default=None):
         return dict(self.options).get(name, default)
@@ -223,11 +223,6 @@ def default_device() -> DeviceModel:
     return device_model.default()
 
 
-def long_dtype(short: str) -> str:
-    """"f32" -> "float32": a spec's storage dtype as NumPy names it."""
-    return {v: k for k, v in DTYPES.items()}[short]
-
-
 def spmm_gate(stats, request: Request, index_slack: int = 0) -> Decision | None:
     """The declines every CSR-based spmm family shares (op, dtype, 32-bit indices), or None.
     `index_slack`: entries the family's encoding adds past nnz (vector padding)."""
@@ -242,7 +237,7 @@ def spmm_gate(stats, request: Request, index_slack: int = 0) -> Decision | None:
 
 def spmm_operands(spec, plan) -> tuple[tuple[Operand, ...], Operand]:
     """X (k, n) in, Y (m, n) out, both in the spec's storage dtype."""
-    dtype = long_dtype(spec.dtype)
+    dtype = long_name(spec.dtype)
     m, k = plan.constants["m"], plan.constants["k"]
     return (Operand("x", (k, spec.n), dtype),), Operand("y", (m, spec.n), dtype)
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..dtypes import long_name
 from ..formats import csr as FORMAT  # noqa: N812 - the family's format module
-from .base import (Arg, KernelSpec, Launch, Request, Rule, accept, decline, epilogue_suffix, long_dtype, next_pow2,
+from .base import (Arg, KernelSpec, Launch, Request, Rule, accept, decline, epilogue_suffix, next_pow2,
                    prev_pow2, spmm_gate, spmm_operands, widest_vector)
 
 FAMILY = "csr_rowsplit"
@@ -129,7 +130,7 @@ def arguments(spec: Spec) -> tuple[Arg, ...]:
 
 
 def encode(csr, spec: Spec, bias=None):
-    return FORMAT.encode(csr, long_dtype(spec.dtype), bias)
+    return FORMAT.encode(csr, long_name(spec.dtype), bias)
 
 
 operands = spmm_operands

@@ -21,8 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..dtypes import long_name
 from ..formats import sampled_tiles as FORMAT  # noqa: N812 - the family's format module
-from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, long_dtype, widest_vector
+from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, widest_vector
 
 FAMILY = "dense_tile_sddmm"
 KERNEL = "dense_tile_sddmm"
@@ -208,7 +209,7 @@ def encode(csr, spec: Spec, bias=None):
 
 
 def operands(spec: Spec, plan) -> tuple[tuple[Operand, ...], Operand]:
-    c, dtype = plan.constants, long_dtype(spec.dtype)
+    c, dtype = plan.constants, long_name(spec.dtype)
     return ((Operand("a", (c["m"], spec.k), dtype), Operand("b", (c["n"], spec.k), dtype)),
             Operand("out", (c["nnz"],), dtype))
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..dtypes import long_name
 from ..formats import csr as CSR  # noqa: N812
 from ..formats import panel as FORMAT  # noqa: N812 - the family's format module
-from .base import (Arg, KernelSpec, Launch, Request, Rule, Step, accept, decline, epilogue_suffix, long_dtype,
+from .base import (Arg, KernelSpec, Launch, Request, Rule, Step, accept, decline, epilogue_suffix,
                    next_pow2, prev_pow2, spmm_gate, spmm_operands, widest_vector)
 
 FAMILY = "panel_spmm"
@@ -232,7 +233,7 @@ RULES = (Rule("panel_spmm", FAMILY, _rule),)
 
 
 def encode(csr, spec: Spec, bias=None):
-    plan = FORMAT.encode(csr, long_dtype(spec.dtype), rows=spec.panel_rows, kc=spec.kc, tile_n=spec.tile_n, bias=bias)
+    plan = FORMAT.encode(csr, long_name(spec.dtype), rows=spec.panel_rows, kc=spec.kc, tile_n=spec.tile_n, bias=bias)
     workspace = spec.m * spec.n * 4 if spec.splits > 1 else 0
     return type(plan)(plan.format, plan.arrays, {**plan.constants, "workspace_bytes": workspace})
 

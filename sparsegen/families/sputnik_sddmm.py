@@ -21,8 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..dtypes import long_name
 from ..formats import csr_sddmm as FORMAT  # noqa: N812 - the family's format module
-from .base import (Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, long_dtype, next_pow2,
+from .base import (Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, next_pow2,
                    prev_pow2, widest_vector)
 
 FAMILY = "sputnik_sddmm"
@@ -249,7 +250,7 @@ def encode(csr, spec: Spec, bias=None):
 
 
 def operands(spec: Spec, plan) -> tuple[tuple[Operand, ...], Operand]:
-    c, dtype = plan.constants, long_dtype(spec.dtype)
+    c, dtype = plan.constants, long_name(spec.dtype)
     return ((Operand("a", (c["m"], spec.k), dtype), Operand("b", (c["n"], spec.k), dtype)),
             Operand("out", (c["nnz"],), dtype))
 

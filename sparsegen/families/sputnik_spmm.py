@@ -17,8 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..dtypes import long_name
 from ..formats import csr as FORMAT  # noqa: N812 - the family's format module
-from .base import (Arg, KernelSpec, Launch, Request, Rule, accept, decline, epilogue_suffix, long_dtype, next_pow2,
+from .base import (Arg, KernelSpec, Launch, Request, Rule, accept, decline, epilogue_suffix, next_pow2,
                    spmm_gate, spmm_operands, widest_vector)
 
 FAMILY = "sputnik_spmm"
@@ -372,7 +373,7 @@ def arguments(spec: Spec) -> tuple[Arg, ...]:
 
 
 def encode(csr, spec: Spec, bias=None):
-    return FORMAT.encode_sputnik(csr, long_dtype(spec.dtype),
+    return FORMAT.encode_sputnik(csr, long_name(spec.dtype),
                                  index_bits=spec.index_bits, prescale=spec.n if spec.prescaled else 0,
                                  vector=spec.sv, swizzle=spec.swizzle, bias=bias,
                                  balance=((spec.piece, spec.budget, spec.rows * spec.ksplit, spec.ksplit)

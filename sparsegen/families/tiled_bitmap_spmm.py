@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..dtypes import long_name, short_name
 from ..formats import tiled_bitmap as FORMAT  # noqa: N812 - the family's format module
 from . import _tiled as T
 from . import tiled_csl_spmm as csl
@@ -150,7 +151,7 @@ def choose(stats, request: Request, kernel_s: float) -> tuple[Spec, str]:
                            stream_bns=T.STREAM_BNS[FAMILY], residencies=residencies)
     vcap = -(-max(vcap_est * split.tile_m // 128, 8) // 8) * 8
     blocks, stages = ring_for(split.tile_m, bn, vcap, request, warps, granule, blocks=split.blocks)
-    spec = Spec(T.DTYPE_SHORT[request.dtype], T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
+    spec = Spec(short_name(request.dtype), T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
                 split.reduction, request.bias, request.relu, blocks, warps, 1, T.request_wgmma(request), stages=stages,
                 l2_prefetch=bool(request.option("l2_prefetch", False)), granule=granule)
     spec = T.with_stream_grid(spec, sms)
@@ -205,7 +206,7 @@ def encoding(spec: Spec) -> tuple:
 
 
 def encode_format(csr, spec: Spec, bias=None):
-    return FORMAT.encode(csr, T.DTYPE_LONG[spec.dtype], spec.tile_m, bias, warps=spec.warps, granule=spec.granule)
+    return FORMAT.encode(csr, long_name(spec.dtype), spec.tile_m, bias, warps=spec.warps, granule=spec.granule)
 
 
 specialize = T.with_scratch
@@ -235,4 +236,4 @@ alignment = T.alignment
 
 
 def emulate(spec: Spec, plan, inputs: dict):
-    return FORMAT.spmm(plan, inputs["x"], relu=spec.relu, out=T.DTYPE_LONG[spec.out])
+    return FORMAT.spmm(plan, inputs["x"], relu=spec.relu, out=long_name(spec.out))

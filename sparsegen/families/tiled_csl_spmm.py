@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..dtypes import long_name, short_name
 from ..formats import tiled_csl as FORMAT  # noqa: N812 - the family's format module
 from . import _tiled as T
 from .base import Arg, Request
@@ -127,7 +128,7 @@ def choose(stats, request: Request, kernel_s: float) -> tuple[Spec, str]:
         else -(-k_tiles // split.split_k)
     blocks, stages, _ = ring_for(split.tile_m, bn, max(1, vectors * split.tile_m // 128), kt_per_split, request,
                                  warps, warp_k)
-    spec = Spec(T.DTYPE_SHORT[request.dtype], T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
+    spec = Spec(short_name(request.dtype), T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
                 split.reduction, request.bias, request.relu, blocks, warps, warp_k, T.request_wgmma(request), stages=stages,
                 strict_banks=bool(request.option("strict_banks", False)),
                 l2_prefetch=bool(request.option("l2_prefetch", False)))
@@ -156,7 +157,7 @@ def encoding(spec: Spec) -> tuple:
 
 
 def encode_format(csr, spec: Spec, bias=None):
-    return FORMAT.encode(csr, T.DTYPE_LONG[spec.dtype], spec.tile_m, bias, strict_banks=spec.strict_banks)
+    return FORMAT.encode(csr, long_name(spec.dtype), spec.tile_m, bias, strict_banks=spec.strict_banks)
 
 
 specialize = T.with_scratch
@@ -196,4 +197,4 @@ alignment = T.alignment
 
 
 def emulate(spec: Spec, plan, inputs: dict):
-    return FORMAT.spmm(plan, inputs["x"], relu=spec.relu, out=T.DTYPE_LONG[spec.out])
+    return FORMAT.spmm(plan, inputs["x"], relu=spec.relu, out=long_name(spec.out))
