@@ -19,6 +19,7 @@ from .analyze import analyze, structure_hash, values_hash
 from .cache import Cache, key, pack_arrays, unpack_arrays
 from .errors import ShapeError, SparsegenError, UnsupportedError
 from .families import family_of
+from .families.contract import OPS
 from .dtypes import DTYPES
 from .families.base import Request
 from .fingerprint import generator_fingerprint
@@ -31,7 +32,6 @@ from .values import check_matrix, check_numbers
 
 log = logging.getLogger("sparsegen")
 BACKENDS = ("auto", "gpu", "emulate")
-OPS = ("spmm", "sddmm", "spdnn_layer")
 EMULATOR_TAKES = "a NumPy array (backend='emulate' runs on the host)"
 
 
@@ -107,10 +107,8 @@ class Kernel:
         return self._device_arrays
 
     def steps(self) -> tuple:
-        """The launches one call makes, in stream order (`families.base.launch_steps`)."""
-        from .families.base import launch_steps
-
-        return launch_steps(self.family, self.spec, self.plan)
+        """The launches one call makes, in stream order."""
+        return tuple(self.family.steps(self.spec, self.plan))
 
     def launcher(self):
         """The GPU launch set up once (function loaded, plan on the device, geometry)."""
@@ -123,7 +121,7 @@ class Kernel:
     def __call__(self, *operands, out=None, stream=None):
         if self.backend == "emulate":
             return self._emulate(operands, out)
-        driver = getattr(self.family, "DRIVER", None)
+        driver = self.family.driver
         if driver:
             raise UnsupportedError(f"{self.spec.family} kernels run on the GPU inside {driver}; "
                                    f"call that (or compile with backend='emulate' to run one layer)")
@@ -134,7 +132,7 @@ class Kernel:
     def _emulate(self, operands, out):
         """The plan run in NumPy, its operands checked as the GPU backend checks host operands."""
         # a family whose host operands differ (bf16 travels as float32 in NumPy) says so
-        expected, expected_out = getattr(self.family, "emulate_operands", self.family.operands)(self.spec, self.plan)
+        expected, expected_out = self.family.emulate_operands(self.spec, self.plan)
         arrays, out = host_operands(self.spec.family, operands, out, expected, expected_out, EMULATOR_TAKES)
         y = self.family.emulate(self.spec, self.plan, {exp.name: x for x, exp in zip(arrays, expected)})
         if out is None:
@@ -399,10 +397,11 @@ class Stored:
     def encode(self, family, csr, spec, bias_vec):
         """family.encode(csr, spec, bias), through the format cache where the family names the spec
         fields its encoding reads (`encoding(spec)`): one encoding serves every n."""
-        if not hasattr(family, "encoding"):
+        shared = family.encoding(spec)
+        if shared is None:
             return family.encode(csr, spec, bias_vec), False
         k = key("format", __version__, generator_fingerprint(), self.structure, self.values, self.bias,
-                spec.family, repr(family.encoding(spec)))
+                spec.family, repr(shared))
         base = _load_format(self.cache, k)
         hit = base is not None
         if not hit:
@@ -434,8 +433,8 @@ def _build(csr, request, bias_vec, backend, arch, stored: Stored, reproduce, tim
     t = time.perf_counter()
     family = family_of(selection.spec)
     plan, timings.cached["format"] = stored.encode(family, csr, selection.spec, bias_vec)
-    if hasattr(family, "finalize"):  # trip counts only the encoded plan knows become constants
-        selection = dataclasses.replace(selection, spec=family.finalize(selection.spec, plan, request))
+    # trip counts only the encoded plan knows become constants
+    selection = dataclasses.replace(selection, spec=family.finalize(selection.spec, plan, request))
     timings.encode = time.perf_counter() - t
     if not reproduce:
         reproduce = (f"sparsegen.compile(<matrix {csr.shape[0]}x{csr.shape[1]}, nnz {csr.nnz}>, op={request.op!r}, "

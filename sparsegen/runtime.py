@@ -13,6 +13,7 @@ import numpy as np
 
 from .dtypes import WITH_NUMPY
 from .errors import LaunchError, ShapeError
+from .families.base import LibraryGemm
 from .operands import check_count, host_operands, kind_of, numpy_dtype
 
 ENV_DEVICE = "SPARSEGEN_DEVICE"
@@ -449,7 +450,7 @@ class _PreparedGemm:
 
 
 def _prepare(kernel, step, device_plan, plan):
-    if getattr(step, "library", None):  # a LibraryGemm: cuBLAS through the library it names
+    if isinstance(step, LibraryGemm):  # cuBLAS through the library it names
         return _PreparedGemm(step, device_plan)
     return _Prepared(kernel, step, device_plan, plan)
 

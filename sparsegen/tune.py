@@ -89,24 +89,23 @@ def candidates(request) -> list[tuple[str, dict]]:
     each variant its `tune_variants(request)` offers (one, with no options, by default)."""
     out = []
     for fam in _callable_families(request):
-        variants = fam.tune_variants(request) if hasattr(fam, "tune_variants") else [{}]
-        out += [(fam.FAMILY, dict(v)) for v in variants]
+        out += [(fam.name, dict(v)) for v in fam.tune_variants(request)]
     return out
 
 
 def candidate_families(request) -> list[str]:
-    return [fam.FAMILY for fam in _callable_families(request)]
+    return [fam.name for fam in _callable_families(request)]
 
 
 def _callable_families(request) -> list:
     from .families import ORDER
 
     only = request.option("family")
-    # Families run by a driver of their own (DRIVER) cannot be timed as a single call, and a family
-    # that says it cannot run here (`unavailable`: the dense fallback without torch or CuPy) is skipped.
+    # Families run by a driver of their own cannot be timed as a single call, and a family that says
+    # it cannot run here (`unavailable`: the dense fallback without torch or CuPy) is skipped.
     return [fam for fam in ORDER
-            if (only is None or fam.FAMILY == only) and not getattr(fam, "DRIVER", None)
-            and not (hasattr(fam, "unavailable") and fam.unavailable(request))]
+            if (only is None or fam.name == only) and request.op in fam.ops and not fam.driver
+            and not fam.unavailable(request)]
 
 
 def time_kernel(kernel, runs: int = RUNS) -> float:

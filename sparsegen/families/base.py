@@ -1,15 +1,6 @@
 """What every kernel family shares: the request, the spec base class, rules and launch geometry.
 
-A family is one kernel design. Its module under `sparsegen/families/` defines a frozen `Spec`
-dataclass (every template parameter), `RULES` (named selection rules; a family whose choice the cost
-models make offers `gate` and `choose` instead, and `select/policy.py` decides), `FORMAT` (the module in
-`sparsegen/formats/` that encodes and emulates its data layout), `KERNEL` (the `extern "C"` name),
-`ARGUMENTS` (the kernel's parameter list), `operands()` and `launch()`.
-
-Optionally `encoding(spec)`: the spec fields its encoding reads, when that is less than the whole
-request (the tensor-core tiles do not depend on n). The family then also has `encode_format(csr,
-spec, bias)` (the encoding alone) and `specialize(plan, spec)` (what the request adds), and
-`compile` keeps one encoding in the cache for every request that shares those fields.
+What a family module must define and the hooks it may define are in `contract.py`.
 """
 from __future__ import annotations
 
@@ -167,7 +158,8 @@ class Launch:
 class Step:
     """One kernel launch of a call. A family whose call is several launches in stream order
     (a hybrid's parts, a split-K reduction) defines `steps(spec, plan) -> tuple[Step, ...]`;
-    the others define `KERNEL`, `arguments(spec)` and `launch(spec, plan)`, which make one step."""
+    the others define `KERNEL`, `arguments(spec)` and `launch(spec, plan)`, which make one step
+    (`contract.Family.steps`)."""
 
     kernel: str  # the extern "C" name
     args: tuple  # Arg, ...
@@ -191,14 +183,6 @@ class LibraryGemm:
     @property
     def kernel(self) -> str:
         return f"{self.library}.matmul"
-
-
-def launch_steps(fam, spec, plan) -> tuple:
-    """The launches one call makes, in stream order: the family's `steps(spec, plan)` when it
-    launches several (a hybrid's two parts, a split-K reduction), else its single kernel."""
-    if hasattr(fam, "steps"):
-        return tuple(fam.steps(spec, plan))
-    return (Step(fam.KERNEL, tuple(fam.arguments(spec)), fam.launch(spec, plan)),)
 
 
 VEC_BYTES_MAX = 16  # widest vector load: float4 / 8 halves

@@ -18,6 +18,7 @@ from .base import (Arg, KernelSpec, Launch, Request, Rule, accept, decline, epil
                    prev_pow2, spmm_gate, spmm_operands, widest_vector)
 
 FAMILY = "csr_rowsplit"
+OPS = ("spmm",)
 KERNEL = "csr_rowsplit_spmm"
 WARP = 32
 

@@ -22,6 +22,7 @@ from ..formats import dense as FORMAT  # noqa: N812 - the family's format module
 from .base import Arg, KernelSpec, Launch, LibraryGemm, Operand, Request, Step, decline, epilogue_suffix
 
 FAMILY = "dense_gemm"
+OPS = ("spmm",)
 EPILOGUE_KERNEL = "dense_gemm_epilogue"
 EPILOGUE_THREADS = 256
 LIBRARIES = ("torch", "cupy")  # in order of preference

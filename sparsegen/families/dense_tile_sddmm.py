@@ -26,6 +26,7 @@ from ..formats import sampled_tiles as FORMAT  # noqa: N812 - the family's forma
 from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, widest_vector
 
 FAMILY = "dense_tile_sddmm"
+OPS = ("sddmm",)
 KERNEL = "dense_tile_sddmm"
 TILE_N = FORMAT.TILE_N
 WARP_TILE = 32  # a warp computes 32 x 32 of the tile

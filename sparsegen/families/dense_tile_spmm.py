@@ -37,6 +37,7 @@ from ..formats import dense as FORMAT  # noqa: N812 - the family's format module
 from .base import Arg, KernelSpec, Launch, Operand, Request, accept, decline, epilogue_suffix, widest_vector
 
 FAMILY = "dense_tile_spmm"
+OPS = ("spmm",)
 KERNEL = "dense_tile_spmm"
 WARP_TILE = 32  # a warp computes 32 x 32 of the tile
 TILE_MS = (64, 128)  # rows of a block's tile

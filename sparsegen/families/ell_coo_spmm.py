@@ -23,6 +23,7 @@ from .base import (Arg, KernelSpec, Launch, Request, Rule, Step, accept, decline
                    next_pow2, spmm_gate, spmm_operands, widest_vector)
 
 FAMILY = "ell_coo_spmm"
+OPS = ("spmm",)
 KERNEL = "ell_coo_spmm_ell"  # the first step (tools that print one kernel name show this one)
 TAIL_KERNEL = "ell_coo_spmm_tail"
 RELU_KERNEL = "ell_coo_spmm_relu"

@@ -23,6 +23,7 @@ from .base import (Arg, KernelSpec, Launch, Request, Rule, Step, accept, decline
                    next_pow2, prev_pow2, spmm_gate, spmm_operands, widest_vector)
 
 FAMILY = "panel_spmm"
+OPS = ("spmm",)
 KERNEL = "panel_spmm"
 WARPS = 8  # warps per block
 MAX_ACC = 32  # fp32 accumulators per lane (rows per group x vector)

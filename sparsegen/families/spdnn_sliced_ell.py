@@ -18,6 +18,7 @@ from ..formats import sliced_ell as FORMAT  # noqa: N812
 from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, default_device
 
 FAMILY = "spdnn_sliced_ell"
+OPS = ("spdnn_layer",)
 KERNEL = "spdnn_layer"
 # Measured on the H100 (n1024-l120, 60,000 MNIST-made inputs): tiles of 1024 outputs with 16 inputs
 # per pass ran 40.5 TeraEdges/s against 31.6 with 12 and 39.1 with 8 (benchmarks/README.md).

@@ -27,6 +27,7 @@ from .base import (Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decl
                    prev_pow2, widest_vector)
 
 FAMILY = "sputnik_sddmm"
+OPS = ("sddmm",)
 KERNEL = "sputnik_sddmm"
 WARP = 32
 LINE_BYTES = 128  # a group reads one L1 line of a B row per load instruction

@@ -23,6 +23,7 @@ from .base import (Arg, KernelSpec, Launch, Request, Rule, accept, decline, epil
                    spmm_gate, spmm_operands, widest_vector)
 
 FAMILY = "sputnik_spmm"
+OPS = ("spmm",)
 KERNEL = "sputnik_spmm"
 WARP = 32
 CHUNK = 32  # nonzeros staged per step: Sputnik's kBlockItemsK

@@ -25,6 +25,7 @@ from . import tiled_csl_spmm as csl
 from .base import Arg, Request, decline
 
 FAMILY = "tiled_bitmap_spmm"
+OPS = ("spmm",)
 KERNEL = "tiled_bitmap_spmm"
 # Ring depth: a ring needs one stage in flight beside the one computed; beyond that as many as keep
 # T.IN_FLIGHT_BYTES per SM moving over the resident blocks, at most MAX_STAGES.

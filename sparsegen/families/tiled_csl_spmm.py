@@ -24,6 +24,7 @@ from . import _tiled as T
 from .base import Arg, Request
 
 FAMILY = "tiled_csl_spmm"
+OPS = ("spmm",)
 KERNEL = "tiled_csl_spmm"
 SINK_BYTES = 2 * FORMAT.SINK_HALVES
 # Ring depth: the loop needs tile t + 1 landed at iteration t, so at least 3 slots; beyond that as
@@ -41,6 +42,7 @@ REGS_BASE = 48  # registers besides the accumulators and fragments (addresses, o
 @dataclass(frozen=True)
 class Spec(T.TiledSpec):
     family: ClassVar[str] = FAMILY
+    granule: ClassVar[int] = 1  # halves per encoded position: one encoding (bitmap's has two)
     stages: int = 4  # ring slots: tiles of words and X in flight per block, plus the one computed
     cap_vecs: int = 0  # uint4 of words a ring slot holds (fixed from the plan: the fullest tile, or capped)
     strict_banks: bool = False
