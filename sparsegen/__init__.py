@@ -8,8 +8,8 @@
 Importing sparsegen needs no GPU, PyCUDA or nvcc.
 """
 from ._version import __version__
-from .errors import (CompileError, FormatError, LaunchError, ShapeError,
-                     SparsegenError, UnsupportedError)
+from .errors import (CompileError, FormatError, LaunchError, OptionsError, ShapeError, SparsegenError,
+                     UnsupportedError)
 
 from .analyze import MatrixStats, analyze  # (function shadows the submodule on purpose)
 from .api import Kernel, compile  # noqa: A004
@@ -19,4 +19,4 @@ from .select import select
 from .spdnn import Result, SparseDNN
 
 __all__ = ["compile", "calibrate", "load", "SparseDNN", "Result", "analyze", "select", "Kernel", "MatrixStats", "SparsegenError", "FormatError",
-           "CompileError", "UnsupportedError", "LaunchError", "ShapeError", "__version__"]
+           "CompileError", "UnsupportedError", "OptionsError", "LaunchError", "ShapeError", "__version__"]

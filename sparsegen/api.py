@@ -7,6 +7,7 @@ import logging
 import os
 import time
 import warnings
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,11 +18,11 @@ from . import nvcc
 from ._version import __version__
 from .analyze import analyze, structure_hash, values_hash
 from .cache import Cache, key, pack_arrays, unpack_arrays
-from .errors import ShapeError, SparsegenError, UnsupportedError
-from .families import family_of
-from .families.contract import OPS
 from .dtypes import DTYPES
+from .errors import OptionsError, ShapeError, SparsegenError, UnsupportedError
+from .families import check_taken, family_of, normalize_options
 from .families.base import Request
+from .families.contract import OPS
 from .fingerprint import generator_fingerprint
 from .formats import Plan
 from .io import as_csr, load
@@ -254,19 +255,30 @@ def _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, options) -> Requ
             raise ShapeError(f"k (columns of A and B, the inner dimension) must be a positive integer, got {k!r}")
         if bias is not None or relu:
             raise UnsupportedError("sddmm has no epilogue: bias and relu apply to op='spmm'")
+    if options is not None and not isinstance(options, Mapping):
+        raise OptionsError(f"options: expected a dict of option names and values, got {type(options).__name__}")
     opts = dict(options or {})
     if op == "spdnn_layer":
-        if bias is not None and np.ndim(bias) != 0:
-            raise ShapeError("spdnn_layer: bias must be one number for the whole layer")
-        if bias_rule not in ("nonzero", "all"):
-            raise ShapeError(f"bias_rule must be 'nonzero' or 'all', got {bias_rule!r}")
-        layer_bias = float(check_numbers(0.0 if bias is None else bias, "float32", "bias"))
-        layer_cap = None if cap is None else float(check_numbers(cap, "float32", "cap"))
-        opts.update(bias=layer_bias, cap=layer_cap, bias_rule=bias_rule)
+        opts.update(_layer_options(bias, cap, bias_rule, opts))
         bias = None
     return Request(op=op, n=int(n) if n is not None else None, k=int(k) if k is not None else None,
                    dtype=dtype, arch=arch,
-                   bias=bias is not None, relu=bool(relu), options=tuple(sorted(opts.items())))
+                   bias=bias is not None, relu=bool(relu), options=normalize_options(op, opts))
+
+
+def _layer_options(bias, cap, bias_rule, given: dict) -> dict:
+    """A SpDNN layer's epilogue as its family's options, from compile()'s arguments."""
+    if bias is not None and np.ndim(bias) != 0:
+        raise ShapeError("spdnn_layer: bias must be one number for the whole layer")
+    if bias_rule not in ("nonzero", "all"):
+        raise ShapeError(f"bias_rule must be 'nonzero' or 'all', got {bias_rule!r}")
+    layer = {"bias": float(check_numbers(0.0 if bias is None else bias, "float32", "bias")),
+             "cap": None if cap is None else float(check_numbers(cap, "float32", "cap")), "bias_rule": bias_rule}
+    clash = sorted(k for k, v in layer.items() if given.get(k) not in (None, v))
+    if clash:
+        raise OptionsError(f"options {', '.join(clash)}: the layer's {', '.join(clash)} come from compile()'s "
+                           f"arguments of that name")
+    return layer
 
 
 def _check_stored_values(csr, request: Request, path) -> None:
@@ -432,6 +444,7 @@ def _build(csr, request, bias_vec, backend, arch, stored: Stored, reproduce, tim
     timings.analyze = time.perf_counter() - t
     t = time.perf_counter()
     family = family_of(selection.spec)
+    check_taken(family, request)
     plan, timings.cached["format"] = stored.encode(family, csr, selection.spec, bias_vec)
     # trip counts only the encoded plan knows become constants
     selection = dataclasses.replace(selection, spec=family.finalize(selection.spec, plan, request))

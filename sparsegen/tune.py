@@ -101,11 +101,13 @@ def _callable_families(request) -> list:
     from .families import ORDER
 
     only = request.option("family")
-    # Families run by a driver of their own cannot be timed as a single call, and a family that says
-    # it cannot run here (`unavailable`: the dense fallback without torch or CuPy) is skipped.
+    given = {k for k, _ in request.options if k != "family"}
+    # Families run by a driver of their own cannot be timed as a single call, a family that says it
+    # cannot run here (`unavailable`: the dense fallback without torch or CuPy) is skipped, and so is
+    # one that does not take the options given.
     return [fam for fam in ORDER
             if (only is None or fam.name == only) and request.op in fam.ops and not fam.driver
-            and not fam.unavailable(request)]
+            and given <= set(fam.Options.names()) and not fam.unavailable(request)]
 
 
 def time_kernel(kernel, runs: int = RUNS) -> float:

@@ -10,6 +10,7 @@ import scipy.sparse as sp
 
 from sparsegen.families import FAMILIES, ORDER, contract, csr_rowsplit, dense_gemm, spdnn_sliced_ell
 from sparsegen.families.base import Request, Step
+from sparsegen.families.options import FamilyOptions
 from sparsegen.select import RULES
 
 
@@ -18,6 +19,7 @@ def test_every_registered_family_keeps_the_contract(fam):
     assert isinstance(fam.module, contract.FamilyModule)
     assert isinstance(fam, contract.Family) and FAMILIES[fam.name] is fam
     assert fam.name == fam.module.FAMILY == fam.Spec.family and set(fam.ops) <= set(contract.OPS)
+    assert issubclass(fam.Options, FamilyOptions) and fam.Options is vars(fam.module).get("Options", FamilyOptions)
     contract.check_module(fam.module)  # raises on any breach
     for hook in contract.REQUIRED_CALLS + contract.HOOKS:
         assert callable(getattr(fam, hook)), hook
@@ -56,6 +58,7 @@ def test_a_module_without_launch_geometry_is_refused():
     ({"Spec": dict}, r"Spec must be a KernelSpec subclass"),
     ({"finalize": lambda spec, plan: spec}, r"finalize\(spec, plan\) cannot be called with 3 arguments"),
     ({"alignment": 4}, r"alignment must be callable, got 4"),
+    ({"Options": dict}, r"Options must be a FamilyOptions dataclass, got <class 'dict'>"),
     ({"encoding": lambda spec: ()}, r"defines encoding but not all of encoding, encode_format and specialize"),
     ({"RULES": spdnn_sliced_ell.RULES}, r"rule Rule\(name='spdnn_sliced_ell'.* is not the family's own"),
 ])
@@ -76,6 +79,7 @@ def test_hooks_a_family_leaves_out_have_defaults():
     assert fam.finalize(spec, plan, request) is spec
     assert fam.tune_variants(request) == [{}] and fam.unavailable(request) is None
     assert fam.driver is None and fam.rules == csr_rowsplit.RULES
+    assert FAMILIES["ell_coo_spmm"].Options is FamilyOptions and FamilyOptions.names() == ()
 
 
 def test_hooks_a_family_defines_are_its_own():

@@ -31,7 +31,9 @@ class Request:
     arch: str = "sm_90"
     bias: bool = False
     relu: bool = False
-    options: tuple = ()  # family-specific (name, value) pairs, sorted: part of every cache key
+    # (name, value) pairs, sorted: the families' options and `family`; compile() gives them in the
+    # normal form of `families.normalize_options`, which every cache key reads
+    options: tuple = ()
     # the GPU selection plans for: its SMs, shared memory and registers, and its cost models' rates
     # (its repr, part of every cache key, names it and its rates by digest)
     device: DeviceModel = field(default_factory=lambda: device_model.default())
@@ -41,7 +43,9 @@ class Request:
         return short_name(self.dtype)
 
     def option(self, name: str, default=None):
-        return dict(self.options).get(name, default)
+        """The option's value, or `default` where it is not given (None is not given)."""
+        value = dict(self.options).get(name)
+        return default if value is None else value
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ name, the ops it serves, its `Spec`, its format module, how to encode a matrix a
 kernel, its operands and their alignment, and its launch geometry: `steps(spec, plan)` when a call is
 several launches, else `KERNEL`, `arguments(spec)` and `launch(spec, plan)` for its one kernel.
 
-Everything else is an optional hook with a default (the methods of `Family`): its selection rules
-(`RULES`; none when `select/policy.py` decides for it), the network driver it runs in (`DRIVER`),
+Everything else is an optional hook with a default (the methods of `Family`): its options
+(`Options`, a `FamilyOptions` dataclass; none by default), its selection rules (`RULES`; none when
+`select/policy.py` decides for it), the network driver it runs in (`DRIVER`),
 the operands its emulator takes (`emulate_operands`), an encoding shared by requests
 (`encoding`, `encode_format` and `specialize`, which come together), constants only the encoded plan
 knows (`finalize`), its tuning variants (`tune_variants`) and why it cannot run here
@@ -21,6 +22,7 @@ from types import ModuleType
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from .base import KernelSpec, Step
+from .options import FamilyOptions
 
 OPS = ("spmm", "sddmm", "spdnn_layer")
 
@@ -66,6 +68,7 @@ class Family:
         self.ops: tuple = tuple(module.OPS)
         self.Spec: type = module.Spec
         self.format: ModuleType = module.FORMAT
+        self.Options: type[FamilyOptions] = own.get("Options", FamilyOptions)  # the options it takes
         self.rules: tuple = tuple(own.get("RULES", ()))  # none: select/policy.py decides for it
         self.driver: str | None = own.get("DRIVER")  # the network driver its kernels run inside, if any
         for name in REQUIRED_CALLS + HOOKS:
@@ -170,6 +173,9 @@ def _kind_problems(module) -> list[str]:
         out.append(f"Spec.family is {module.Spec.family!r}, not FAMILY {module.FAMILY!r}")
     if not isinstance(module.FORMAT, ModuleType):
         out.append(f"FORMAT must be a module of sparsegen/formats, got {module.FORMAT!r}")
+    options = vars(module).get("Options", FamilyOptions)
+    if not (isinstance(options, type) and issubclass(options, FamilyOptions)):
+        out.append(f"Options must be a FamilyOptions dataclass, got {options!r}")
     for rule in vars(module).get("RULES", ()):
         if getattr(rule, "family", None) != module.FAMILY:
             out.append(f"rule {rule!r} is not the family's own")

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from ..dtypes import DTYPES, NAMES, WITH_NUMPY, itemsize, long_name, short_name
 from ..formats import dense as FORMAT  # noqa: N812 - the family's format module
 from .base import Arg, KernelSpec, Launch, LibraryGemm, Operand, Request, Step, decline, epilogue_suffix
+from .options import FamilyOptions, option
 
 FAMILY = "dense_gemm"
 OPS = ("spmm",)
@@ -63,6 +64,11 @@ class Spec(KernelSpec):
         return {"family": self.family, "name": self.name, **KernelSpec.fields(self)}
 
 
+@dataclass(frozen=True)
+class Options(FamilyOptions):
+    out: Literal[NAMES] | None = option()  # Y's dtype: the input's (the gate declines another)
+
+
 def w_bytes(short_dtype: str, m: int, k: int) -> int:
     """Bytes of W densified in the spec's dtype ("f16", "bf16" or "f32")."""
     return itemsize(short_dtype) * m * k
@@ -94,6 +100,9 @@ def gate(stats, request: Request):
         return decline(f"op {request.op!r} is not spmm")
     if request.dtype not in NAMES:
         return decline(f"dtype {request.dtype}: the dense fallback serves float16, bfloat16 and float32")
+    bad = Options.problem(request)
+    if bad:
+        return decline(bad)
     out = request.option("out")
     if out not in (None, request.dtype):
         return decline(f"options out={out!r}: cuBLAS writes Y in the input dtype here")

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from ..dtypes import long_name, short_name
 from ..formats import tiled_bitmap as FORMAT  # noqa: N812 - the family's format module
 from . import _tiled as T
 from . import tiled_csl_spmm as csl
 from .base import Arg, Request, decline
+from .options import option
 
 FAMILY = "tiled_bitmap_spmm"
 OPS = ("spmm",)
@@ -37,6 +38,12 @@ DEFAULT_MIN_STAGES = 3  # unless asked for (options stages=2): one tile landing 
 MAX_BLOCKS = 6
 MAX_BLOCKS_W8 = 4  # 8-warp blocks: up to 32 warps
 REGS_BASE = 56  # besides accumulators and fragments: bitmap words, fragment starts, decode temporaries
+
+
+@dataclass(frozen=True)
+class Options(T.TiledOptions):
+    # halves per bitmap bit; None: the cost model builds both encodings and keeps the faster
+    granule: Literal[FORMAT.GRANULES] | None = option(expected=f"one of {FORMAT.GRANULES} (halves per bitmap bit)")
 
 
 def offset_bytes(warps: int) -> int:
@@ -188,13 +195,10 @@ def gate(stats, request: Request):
     """The tile families' gate, and what only the bitmap kernel refuses: k-groups and unknown granules.
     Odd N is taken: N = 1 and 3 with a 3-slot ring give right rows, racecheck clean
     (benchmarks/repro_bitmap_odd_n.py); tests/test_gpu_tiled.py keeps those configurations."""
-    declined = T.gate(stats, request)
+    declined = T.gate(stats, request, Options)
     if declined is None and T.request_warp_k(request) != 1:
         return decline(f"options warp_k={T.request_warp_k(request)}: the bitmap encoding slices each tile by "
                        f"warp rows (k-groups are Tiled-CSL's)")
-    if declined is None and request.option("granule", 1) not in FORMAT.GRANULES:
-        return decline(f"options granule={request.option('granule')!r}: expected one of {FORMAT.GRANULES} "
-                       f"(halves per bitmap bit)")
     return declined
 
 

@@ -22,6 +22,7 @@ from ..dtypes import long_name, short_name
 from ..formats import tiled_csl as FORMAT  # noqa: N812 - the family's format module
 from . import _tiled as T
 from .base import Arg, Request
+from .options import option
 
 FAMILY = "tiled_csl_spmm"
 OPS = ("spmm",)
@@ -70,6 +71,12 @@ class Spec(T.TiledSpec):
     @property
     def static_bytes(self) -> int:
         return 4 * (self.kt_per_split + 1)  # the block's tile offsets
+
+
+@dataclass(frozen=True)
+class Options(T.TiledOptions):
+    strict_banks: bool = option(False)  # padded banks: a strictly bank-conflict-free scatter
+    cap_vecs: int | None = option()  # uint4 of words a ring slot holds (the rest of a fuller tile from global)
 
 
 def w_buffers_bytes(tile_m: int) -> int:
@@ -147,7 +154,7 @@ def choose(stats, request: Request, kernel_s: float) -> tuple[Spec, str]:
 
 def gate(stats, request: Request):
     """The tile families' shared gate (`_tiled.gate`): Tiled-CSL adds nothing to it."""
-    return T.gate(stats, request)
+    return T.gate(stats, request, Options)
 
 
 FORMAT_ARGS = (Arg("words", "plan"), Arg("tile_offsets", "plan"))
