@@ -21,7 +21,7 @@ import inspect
 from types import ModuleType
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from .base import KernelSpec, Step
+from .base import KernelSpec, Rule, Step
 from .options import FamilyOptions
 
 OPS = ("spmm", "sddmm", "spdnn_layer")
@@ -177,7 +177,7 @@ def _kind_problems(module) -> list[str]:
     if not (isinstance(options, type) and issubclass(options, FamilyOptions)):
         out.append(f"Options must be a FamilyOptions dataclass, got {options!r}")
     for rule in vars(module).get("RULES", ()):
-        if getattr(rule, "family", None) != module.FAMILY:
+        if not isinstance(rule, Rule) or rule.family != module.FAMILY:
             out.append(f"rule {rule!r} is not the family's own")
     return out
 

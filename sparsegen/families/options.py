@@ -36,8 +36,8 @@ def option(default=None, expected: str = "", valid: Callable | None = None):
 
 @dataclass(frozen=True)
 class FamilyOptions:
-    """Options of a family that takes none; each family's subclass declares its own. A value of None
-    is an option not given."""
+    """Options of a family that takes none; each family's subclass declares its own. `from_dict` and
+    `of` take a value of None as an option not given."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
