@@ -7,17 +7,16 @@
 
 Importing sparsegen needs no GPU, PyCUDA or nvcc.
 """
-__version__ = "0.1.0"
+from ._version import __version__
+from .errors import (CompileError, FormatError, LaunchError, OptionsError, ShapeError, SparsegenError,
+                     UnsupportedError)
 
-from .errors import (CompileError, FormatError, LaunchError, ShapeError,  # noqa: E402
-                     SparsegenError, UnsupportedError)
-
-from .analyze import MatrixStats, analyze  # noqa: E402  (function shadows the submodule on purpose)
-from .api import Kernel, compile  # noqa: E402,A004
-from .calibration import calibrate  # noqa: E402
-from .io import load  # noqa: E402
-from .select import select  # noqa: E402
-from .spdnn import Result, SparseDNN  # noqa: E402
+from .analyze import MatrixStats, analyze  # (function shadows the submodule on purpose)
+from .api import Kernel, compile  # noqa: A004
+from .calibration import calibrate
+from .io import load
+from .select import select
+from .spdnn import Result, SparseDNN
 
 __all__ = ["compile", "calibrate", "load", "SparseDNN", "Result", "analyze", "select", "Kernel", "MatrixStats", "SparsegenError", "FormatError",
-           "CompileError", "UnsupportedError", "LaunchError", "ShapeError", "__version__"]
+           "CompileError", "UnsupportedError", "OptionsError", "LaunchError", "ShapeError", "__version__"]

@@ -2,24 +2,28 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import os
 import time
 import warnings
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from . import __version__, nvcc
+from . import nvcc
+from ._version import __version__
 from .analyze import analyze, structure_hash, values_hash
 from .cache import Cache, key, pack_arrays, unpack_arrays
-from .errors import ShapeError, SparsegenError, UnsupportedError
-from .families import family_of
-from .families.base import DTYPES, Request
+from .dtypes import DTYPES
+from .errors import OptionsError, ShapeError, SparsegenError, UnsupportedError
+from .families import check_taken, family_of, normalize_options
+from .families.base import Request
+from .families.contract import OPS
+from .fingerprint import generator_fingerprint
 from .formats import Plan
 from .io import as_csr, load
 from .operands import host_operands
@@ -29,7 +33,6 @@ from .values import check_matrix, check_numbers
 
 log = logging.getLogger("sparsegen")
 BACKENDS = ("auto", "gpu", "emulate")
-OPS = ("spmm", "sddmm", "spdnn_layer")
 EMULATOR_TAKES = "a NumPy array (backend='emulate' runs on the host)"
 
 
@@ -105,10 +108,8 @@ class Kernel:
         return self._device_arrays
 
     def steps(self) -> tuple:
-        """The launches one call makes, in stream order (`families.base.launch_steps`)."""
-        from .families.base import launch_steps
-
-        return launch_steps(self.family, self.spec, self.plan)
+        """The launches one call makes, in stream order."""
+        return tuple(self.family.steps(self.spec, self.plan))
 
     def launcher(self):
         """The GPU launch set up once (function loaded, plan on the device, geometry)."""
@@ -121,7 +122,7 @@ class Kernel:
     def __call__(self, *operands, out=None, stream=None):
         if self.backend == "emulate":
             return self._emulate(operands, out)
-        driver = getattr(self.family, "DRIVER", None)
+        driver = self.family.driver
         if driver:
             raise UnsupportedError(f"{self.spec.family} kernels run on the GPU inside {driver}; "
                                    f"call that (or compile with backend='emulate' to run one layer)")
@@ -132,7 +133,7 @@ class Kernel:
     def _emulate(self, operands, out):
         """The plan run in NumPy, its operands checked as the GPU backend checks host operands."""
         # a family whose host operands differ (bf16 travels as float32 in NumPy) says so
-        expected, expected_out = getattr(self.family, "emulate_operands", self.family.operands)(self.spec, self.plan)
+        expected, expected_out = self.family.emulate_operands(self.spec, self.plan)
         arrays, out = host_operands(self.spec.family, operands, out, expected, expected_out, EMULATOR_TAKES)
         y = self.family.emulate(self.spec, self.plan, {exp.name: x for x, exp in zip(arrays, expected)})
         if out is None:
@@ -171,24 +172,6 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<sparsegen.Kernel {self.spec.name} {self.shape[0]}x{self.shape[1]} backend={self.backend}>"
-
-
-# What shapes a plan: the stages from analysis to rendered source, and the rates selection reads.
-PLAN_SOURCES = ("api.py", "analyze.py", "render.py", "families/*.py", "formats/*.py", "select/*.py",
-                "select/rates/*.json")
-
-
-@functools.lru_cache(maxsize=4)
-def generator_fingerprint(package: Path | None = None, templates: Path | None = None) -> str:
-    """sha256 of the templates and of the code that shapes a plan (PLAN_SOURCES): a plan caches
-    generated source, so a change there (not only a version bump) must miss, and a change elsewhere
-    (the CLI, the benchmarks, the readers) keeps the cache."""
-    from .render import template_dir
-
-    package = package or Path(__file__).resolve().parent
-    files = sorted((templates or template_dir()).glob("*.j2"))
-    files += sorted(f for pattern in PLAN_SOURCES for f in package.glob(pattern))
-    return key(*(part for f in files for part in (f.relative_to(f.parent.parent).as_posix(), f.read_bytes())))
 
 
 def cubin_key(source: str, arch: str) -> str:
@@ -272,19 +255,30 @@ def _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, options) -> Requ
             raise ShapeError(f"k (columns of A and B, the inner dimension) must be a positive integer, got {k!r}")
         if bias is not None or relu:
             raise UnsupportedError("sddmm has no epilogue: bias and relu apply to op='spmm'")
+    if options is not None and not isinstance(options, Mapping):
+        raise OptionsError(f"options: expected a dict of option names and values, got {type(options).__name__}")
     opts = dict(options or {})
     if op == "spdnn_layer":
-        if bias is not None and np.ndim(bias) != 0:
-            raise ShapeError("spdnn_layer: bias must be one number for the whole layer")
-        if bias_rule not in ("nonzero", "all"):
-            raise ShapeError(f"bias_rule must be 'nonzero' or 'all', got {bias_rule!r}")
-        layer_bias = float(check_numbers(0.0 if bias is None else bias, "float32", "bias"))
-        layer_cap = None if cap is None else float(check_numbers(cap, "float32", "cap"))
-        opts.update(bias=layer_bias, cap=layer_cap, bias_rule=bias_rule)
+        opts.update(_layer_options(bias, cap, bias_rule, opts))
         bias = None
     return Request(op=op, n=int(n) if n is not None else None, k=int(k) if k is not None else None,
                    dtype=dtype, arch=arch,
-                   bias=bias is not None, relu=bool(relu), options=tuple(sorted(opts.items())))
+                   bias=bias is not None, relu=bool(relu), options=normalize_options(op, opts))
+
+
+def _layer_options(bias, cap, bias_rule, given: dict) -> dict:
+    """A SpDNN layer's epilogue as its family's options, from compile()'s arguments."""
+    if bias is not None and np.ndim(bias) != 0:
+        raise ShapeError("spdnn_layer: bias must be one number for the whole layer")
+    if bias_rule not in ("nonzero", "all"):
+        raise ShapeError(f"bias_rule must be 'nonzero' or 'all', got {bias_rule!r}")
+    layer = {"bias": float(check_numbers(0.0 if bias is None else bias, "float32", "bias")),
+             "cap": None if cap is None else float(check_numbers(cap, "float32", "cap")), "bias_rule": bias_rule}
+    clash = sorted(k for k, v in layer.items() if given.get(k) not in (None, v))
+    if clash:
+        raise OptionsError(f"options {', '.join(clash)}: the layer's {', '.join(clash)} come from compile()'s "
+                           f"arguments of that name")
+    return layer
 
 
 def _check_stored_values(csr, request: Request, path) -> None:
@@ -438,10 +432,11 @@ class Stored:
     def encode(self, family, csr, spec, bias_vec):
         """family.encode(csr, spec, bias), through the format cache where the family names the spec
         fields its encoding reads (`encoding(spec)`): one encoding serves every n."""
-        if not hasattr(family, "encoding"):
+        shared = family.encoding(spec)
+        if shared is None:
             return family.encode(csr, spec, bias_vec), False
         k = key("format", __version__, generator_fingerprint(), self.structure, self.values, self.bias,
-                spec.family, repr(family.encoding(spec)))
+                spec.family, repr(shared))
         base = _load_format(self.cache, k)
         hit = base is not None
         if not hit:
@@ -472,9 +467,10 @@ def _build(csr, request, bias_vec, backend, arch, stored: Stored, reproduce, tim
     timings.analyze = time.perf_counter() - t
     t = time.perf_counter()
     family = family_of(selection.spec)
+    check_taken(family, request)
     plan, timings.cached["format"] = stored.encode(family, csr, selection.spec, bias_vec)
-    if hasattr(family, "finalize"):  # trip counts only the encoded plan knows become constants
-        selection = dataclasses.replace(selection, spec=family.finalize(selection.spec, plan, request))
+    # trip counts only the encoded plan knows become constants
+    selection = dataclasses.replace(selection, spec=family.finalize(selection.spec, plan, request))
     timings.encode = time.perf_counter() - t
     if not reproduce:
         reproduce = (f"sparsegen.compile(<matrix {csr.shape[0]}x{csr.shape[1]}, nnz {csr.nnz}>, op={request.op!r}, "

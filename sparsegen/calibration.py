@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
+from ._version import __version__
 from .errors import SparsegenError
 from .select import device as device_model
 from .select import fit, ratesfile, skinny_cost

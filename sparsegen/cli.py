@@ -16,7 +16,8 @@ import traceback
 import warnings
 from pathlib import Path
 
-from . import __version__
+from ._version import __version__
+from .dtypes import NAMES
 from .errors import SparsegenError
 
 
@@ -36,7 +37,7 @@ def _request_args(p: argparse.ArgumentParser, n_default: int | None = 128):
     p.add_argument("--op", default="spmm", help="operation (default spmm)")
     p.add_argument("--n", type=int, default=n_default, help="columns of the dense operand (default %(default)s)")
     p.add_argument("--k", type=int, default=None, help="sddmm: the inner dimension (columns of A and B)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+    p.add_argument("--dtype", default="float32", choices=NAMES,
                    help="storage dtype of the values and operands; accumulation is float32 (default %(default)s)")
     p.add_argument("--bias", type=float, default=None, help="fuse a bias (one value for every row)")
     p.add_argument("--relu", action="store_true", help="fuse ReLU after the bias")

@@ -45,6 +45,11 @@ class UnsupportedError(SparsegenError):
         super().__init__(message)
 
 
+class OptionsError(UnsupportedError, ValueError):
+    """A request's options are wrong: a key no family (or not the family asked for) takes, a value
+    its option does not take, or options the family that serves the request does not take."""
+
+
 class LaunchError(SparsegenError):
     """The GPU runtime is missing or a launch failed."""
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import jinja2
 
-from . import __version__
+from ._version import __version__
 
 
 @dataclass(frozen=True)

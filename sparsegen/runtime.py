@@ -11,7 +11,9 @@ import threading
 
 import numpy as np
 
+from .dtypes import WITH_NUMPY
 from .errors import LaunchError, ShapeError
+from .families.base import LibraryGemm
 from .operands import check_count, host_operands, kind_of, numpy_dtype
 
 ENV_DEVICE = "SPARSEGEN_DEVICE"
@@ -385,7 +387,7 @@ class _TorchBlas(_Binding):
 class _CupyBlas(_Binding):
     """cuBLAS through CuPy: `cupy.matmul(a, b, out=c)` (float16 and float32: CuPy has no bfloat16)."""
 
-    TYPESTR = {"float16": "<f2", "float32": "<f4"}
+    TYPESTR = {name: np.dtype(name).str for name in WITH_NUMPY}
 
     def __init__(self, dtype: str):
         import cupy
@@ -448,7 +450,7 @@ class _PreparedGemm:
 
 
 def _prepare(kernel, step, device_plan, plan):
-    if getattr(step, "library", None):  # a LibraryGemm: cuBLAS through the library it names
+    if isinstance(step, LibraryGemm):  # cuBLAS through the library it names
         return _PreparedGemm(step, device_plan)
     return _Prepared(kernel, step, device_plan, plan)
 

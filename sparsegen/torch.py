@@ -41,13 +41,13 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only where torch is absent
     raise ImportError("sparsegen.torch needs PyTorch: pip install -e \".[torch]\"") from exc
 
-from . import api, prune, runtime
+from . import api, dtypes, prune, runtime
 from .errors import ShapeError, SparsegenError, UnsupportedError
 from .values import check_numbers
 
 METHODS = ("magnitude",)
 BACKENDS = ("gpu", "emulate")
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+DTYPES = {name: getattr(torch, name) for name in dtypes.NAMES}  # torch names them as sparsegen does
 ALIGN_BYTES = 16  # the widest vector load any family makes of X (float4 / 8 halves)
 
 

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import __version__
+from ._version import __version__
 from .analyze import structure_hash
 from .cache import Cache, key
 from .errors import UnsupportedError
+from .fingerprint import generator_fingerprint
 
 log = logging.getLogger("sparsegen")
 RUNS = 20
@@ -48,8 +49,6 @@ class Trial:
 def tune_key(csr, request, variants=None, structure: str | None = None) -> str:
     """The cache key of a measured choice: the structure (`structure`, when the caller has hashed it
     already), the request but for its family option, and which candidates were timed."""
-    from .api import generator_fingerprint
-
     fields = sorted((k, v) for k, v in vars(request).items() if k != "options")
     options = sorted((k, v) for k, v in request.options if k != "family")
     scope = "every family" if variants is None else repr(sorted(variants))
@@ -129,24 +128,25 @@ def candidates(request) -> list[tuple[str, dict]]:
     each variant its `tune_variants(request)` offers (one, with no options, by default)."""
     out = []
     for fam in _callable_families(request):
-        variants = fam.tune_variants(request) if hasattr(fam, "tune_variants") else [{}]
-        out += [(fam.FAMILY, dict(v)) for v in variants]
+        out += [(fam.name, dict(v)) for v in fam.tune_variants(request)]
     return out
 
 
 def candidate_families(request) -> list[str]:
-    return [fam.FAMILY for fam in _callable_families(request)]
+    return [fam.name for fam in _callable_families(request)]
 
 
 def _callable_families(request) -> list:
     from .families import ORDER
 
     only = request.option("family")
-    # Families run by a driver of their own (DRIVER) cannot be timed as a single call, and a family
-    # that says it cannot run here (`unavailable`: the dense fallback without torch or CuPy) is skipped.
+    given = {k for k, _ in request.options if k != "family"}
+    # Families run by a driver of their own cannot be timed as a single call, a family that says it
+    # cannot run here (`unavailable`: the dense fallback without torch or CuPy) is skipped, and so is
+    # one that does not take the options given.
     return [fam for fam in ORDER
-            if (only is None or fam.FAMILY == only) and not getattr(fam, "DRIVER", None)
-            and not (hasattr(fam, "unavailable") and fam.unavailable(request))]
+            if (only is None or fam.name == only) and request.op in fam.ops and not fam.driver
+            and given <= set(fam.Options.names()) and not fam.unavailable(request)]
 
 
 def time_kernel(kernel, runs: int = RUNS) -> float:

@@ -314,7 +314,7 @@ def test_the_plan_fingerprint_covers_what_shapes_a_plan_and_nothing_else(tmp_pat
     or a template misses."""
     import shutil
 
-    from sparsegen.api import generator_fingerprint as cached
+    from sparsegen.fingerprint import generator_fingerprint as cached
     from sparsegen.render import template_dir
 
     package, templates = tmp_path / "sparsegen", tmp_path / "templates"
@@ -327,7 +327,8 @@ def test_the_plan_fingerprint_covers_what_shapes_a_plan_and_nothing_else(tmp_pat
             f.write("\n# an edit\n")
         assert generator_fingerprint(package, templates) == base, unrelated
     for shaping in ("families/csr_rowsplit.py", "formats/csr.py", "select/policy.py", "select/rates/h200.json",
-                    "analyze.py", "render.py", "api.py"):
+                    "analyze.py", "render.py", "api.py", "dtypes.py", "families/options.py",
+                    "families/contract.py"):
         original = (package / shaping).read_bytes()
         (package / shaping).write_bytes(original + b"\n")
         assert generator_fingerprint(package, templates) != base, shaping

@@ -608,7 +608,7 @@ def test_worker_compiles_what_the_parent_finds_warm(tmp_path, monkeypatch):
     from sparsegen.families import FAMILIES
 
     encoded = {name.split(".")[0] for r in results for name in r["specs"].values()}
-    encoded = {f for f in encoded if hasattr(FAMILIES[f], "encoding")}  # the tiles, the dense W
+    encoded = {f for f in encoded if hasattr(FAMILIES[f].module, "encoding")}  # the tiles, the dense W
     assert encoded and len(Cache(folder).entries("format")) == len(encoded)  # one per family, both N
     assert not (tmp_path / "user-cache").exists()       # nothing went into the user's cache
     pf.release(cases[0])

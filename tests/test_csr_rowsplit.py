@@ -182,4 +182,4 @@ def test_block_option_sets_rows_per_block():
     assert f"{512 // spec.lanes} rows per 512-thread block" in reason
     assert fam.choose(stats, Request("spmm", n=32))[0].block == fam.BLOCK_THREADS
     declined = fam._rule(stats, Request("spmm", n=32, options=(("block", 100),)))
-    assert "option block=100: expected a power of two from 32 to 1024" in str(declined)
+    assert "options block=100: expected a power of two from 32 to 1024" in str(declined)

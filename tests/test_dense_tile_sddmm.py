@@ -96,11 +96,11 @@ def test_copies_and_slices_follow_k(k, vec, slice_k):
 
 
 def test_bad_options_are_named():
-    with pytest.raises(sparsegen.SparsegenError, match="option tile_m=48"):
+    with pytest.raises(sparsegen.SparsegenError, match="options tile_m=48: expected one of 32, 64, 128"):
         pick(random_csr(50, 50, 0.5), 64, family=fam.FAMILY, tile_m=48)
-    with pytest.raises(sparsegen.SparsegenError, match="option stages=5"):
+    with pytest.raises(sparsegen.SparsegenError, match="options stages=5: expected 2, 3 or 4"):
         pick(random_csr(50, 50, 0.5), 64, family=fam.FAMILY, stages=5)
-    with pytest.raises(sparsegen.SparsegenError, match="option min_blocks=3"):
+    with pytest.raises(sparsegen.SparsegenError, match="options min_blocks=3: expected 1, 2, 4 or 8"):
         pick(random_csr(50, 50, 0.5), 64, family=fam.FAMILY, min_blocks=3)
     assert pick(random_csr(300, 300, 0.5, seed=6), 128, family=fam.FAMILY, min_blocks=1).spec.min_blocks == 1
 

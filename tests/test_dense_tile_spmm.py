@@ -64,9 +64,9 @@ def test_options_win_and_a_split_never_goes_without_slices():
 @pytest.mark.parametrize("request_,needle", [
     (dict(dtype="float16"), "float32 only"),
     (dict(op="sddmm"), "is not spmm"),
-    (dict(tile_m=96), "option tile_m=96"),
-    (dict(split_k=0), "option split_k=0"),
-    (dict(stages=5), "option stages=5"),
+    (dict(tile_m=96), "options tile_m=96: expected one of 64, 128"),
+    (dict(split_k=0), "options split_k=0: expected a positive integer"),
+    (dict(stages=5), "options stages=5: expected 2, 3 or 4"),
     (dict(out="float16"), "Y is float32"),
 ])
 def test_rule_declines_what_it_cannot_serve(request_, needle):
@@ -187,7 +187,7 @@ def test_f16x3_taken_for_big_products_at_wide_n_only():
     assert spec_for(random_csr(512, 2048, 0.3, seed=11), 512).mma == "f16x3"  # 1.07 GFLOP
     assert spec_for(big, 128, mma="f16x3").mma == "f16x3" and spec_for(big, 256, mma="tf32x3").tile_m == 64
     d = decide(big, 256, mma="f32")
-    assert d.spec is None and "option mma='f32'" in d.reason
+    assert d.spec is None and "options mma='f32': expected one of tf32x3, f16x3" in d.reason
     d = decide(big, 256, mma="f16x3", stages=2)
     assert d.spec is None and "a slice ahead" in d.reason
 

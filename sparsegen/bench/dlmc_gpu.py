@@ -15,6 +15,7 @@ import scipy.sparse as sp
 from sparsegen.bench import executor
 from sparsegen.bench.records import join_notes, message, relative_error, seed_for
 from sparsegen.errors import SparsegenError
+from sparsegen.dtypes import WITH_NUMPY
 
 TOLERANCE = {"float32": 1e-5, "float16": 1e-2}
 # Above this many multiply-adds the scipy reference is computed on a sample only.
@@ -23,7 +24,7 @@ SPMM_CHECK_COLUMNS = 64
 SDDMM_CHECK_NNZ = 1 << 20
 FAMILY_TIMES = ("family_ms", "family_ms_min")
 
-_NP_DTYPES = {"float32": np.float32, "float16": np.float16}
+_NP_DTYPES = {name: np.dtype(name) for name in WITH_NUMPY}
 
 
 class GpuExecutor(executor.GpuExecutor):

@@ -60,7 +60,6 @@ def csr_bytes(m: int, k: int, n: int, nnz: int, itemsize: int = 2) -> int:
     return 4 * (m + 1) + (4 + itemsize) * nnz + operand_bytes(m, k, n, itemsize)
 
 
-_TORCH_DTYPES = {"float16": "float16", "bfloat16": "bfloat16"}
 
 
 class GpuExecutor(executor.GpuExecutor):
@@ -95,7 +94,7 @@ class _GpuWeight:
         self.ex.torch.cuda.empty_cache()
         torch, dev = self.ex.torch, self.ex.device
         A = as_dtype(self.A, dtype)
-        tdt = getattr(torch, _TORCH_DTYPES[dtype])
+        tdt = getattr(torch, dtype)  # torch names the dtypes as sparsegen.dtypes does
         crow = torch.from_numpy(A.indptr.astype(np.int32)).to(dev)
         col = torch.from_numpy(A.indices.astype(np.int32, copy=False)).to(dev)
         vals = torch.from_numpy(A.data).to(dev).to(tdt)  # exact: the values are already rounded

@@ -14,13 +14,15 @@ import os
 import tempfile
 from pathlib import Path
 
+from ..dtypes import ORDER
+
 REQUIRED_TOP_KEYS = ("suite", "gpu", "driver", "cuda", "revision", "date", "command", "cases")
 REQUIRED_CASE_KEYS = ("id", "op", "dtype", "n", "k", "shape", "nnz", "sparsity", "row_cov",
                       "spec", "reason", "ms", "ms_min", "error", "pass", "status",
                       "checked_columns", "speedup")
 
 OP_ORDER = {"spmm": 0, "sddmm": 1}
-DTYPE_ORDER = {"float32": 0, "float16": 1, "bfloat16": 2}
+DTYPE_ORDER = ORDER
 
 
 # --------------------------------------------------------------------------- numbers

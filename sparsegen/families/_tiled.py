@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
+from ..dtypes import DTYPES, NAMES, long_name, short_name
 from ..formats.tiling import TILE_K
 from .base import Arg, KernelSpec, Launch, Operand, Request, Step, decline, epilogue_suffix, widest_vector
+from .options import FamilyOptions, option
 
 WARPS = 4
 THREADS = WARPS * 32
@@ -41,8 +44,6 @@ MAX_N = 256  # skinny products only: past this, W is re-read per 64-column tile 
 L2_SHARE = (8, 25)
 MAX_BN = 64  # columns per block: MF x NF x 4 fp32 accumulators per thread stay <= 64 (tile_m 128)
 MIN_DENSITY = 0.05  # below this, tile math on zeros costs more than CSR kernels' work on nonzeros
-DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
-DTYPE_LONG = {v: k for k, v in DTYPE_SHORT.items()}
 REDUCTIONS = ("none", "atomic", "two_step", "cluster", "stream")
 
 MIN_K_TILES_PER_SPLIT = 4  # a block's pipeline prologue is amortised over at least this many tiles
@@ -173,6 +174,24 @@ class TiledSpec(KernelSpec):
                 **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
 
 
+@dataclass(frozen=True)
+class TiledOptions(FamilyOptions):
+    """The options both tile families take; each overrides the chooser (None: it chooses). Those
+    that depend on the request (bn against N, blocks against the SM, combinations) are `gate`'s."""
+
+    out: Literal[NAMES] | None = option(expected="the input dtype or 'float32'")  # Y's dtype
+    warps: Literal[4, 8] = option(WARPS, expected="4 or 8")
+    warp_k: Literal[1, 2, 4] = option(1, expected="1, 2 or 4 (k16 steps of a tile: 4)")
+    wgmma: bool = option(False)
+    l2_prefetch: bool = option(False)
+    reduction: Literal[REDUCTIONS] | None = option()
+    split_k: int | None = option(expected="a positive integer", valid=lambda v: v >= 1)
+    blocks: int | None = option(expected="resident blocks per SM, a positive integer", valid=lambda v: v >= 1)
+    tile_m: Literal[64, 128, 256] | None = option()
+    bn: Literal[8, 16, 32, 64] | None = option()  # columns per block
+    stages: int | None = option()  # ring depth (the family raises it to its least)
+
+
 def block_n(n: int) -> int:
     """Columns per block: N rounded up to a power of two >= 8 (mma n8 fragments), at most 64."""
     bn = 8
@@ -216,14 +235,18 @@ def request_wgmma(request: Request) -> bool:
 
 # ---- the request gate both families share ------------------------------------------------------
 
-def gate(stats, request: Request):
-    """None when the request suits tensor-core tiles, else the Decision that declines it."""
+def gate(stats, request: Request, options: type[TiledOptions] = TiledOptions):
+    """None when the request suits tensor-core tiles, else the Decision that declines it;
+    `options`: the family's options."""
     if request.op != "spmm":
         return decline(f"op {request.op!r} is not spmm")
     if request.dtype not in ("float16", "bfloat16"):
         return decline(f"dtype {request.dtype}: tensor-core tiles take float16/bfloat16 (m16n8k16 has no fp32 form)")
+    bad = options.problem(request)
+    if bad:
+        return decline(bad)
     out = request.option("out")
-    if out not in (None, "float16", "bfloat16", "float32") or (out in ("float16", "bfloat16") and out != request.dtype):
+    if out in ("float16", "bfloat16") and out != request.dtype:
         return decline(f"options out={out!r}: expected the input dtype or 'float32'")
     m, k = stats.shape
     if request.n > MAX_N and 2 * m * k > l2_resident_bytes(request.device):
@@ -236,14 +259,8 @@ def gate(stats, request: Request):
                        f"than CSR kernels' work on the nonzeros")
     if 4 * (stats.nnz + 4 * stats.tiles.tiles) >= 2**33:
         return decline("encoding needs 64-bit offsets")
-    if request.option("warps", WARPS) not in (4, 8):
-        return decline(f"options warps={request.option('warps')!r}: expected 4 or 8")
     warps = request_warps(request)
-    if request.option("warp_k", 1) not in (1, 2, 4):
-        return decline(f"options warp_k={request.option('warp_k')!r}: expected 1, 2 or 4 (k16 steps of a tile: 4)")
     warp_k = request_warp_k(request)
-    if request.option("wgmma") not in (None, True, False):
-        return decline(f"options wgmma={request.option('wgmma')!r}: expected True or False")
     if request_wgmma(request):
         if not wgmma_ok(request):
             return decline(f"options wgmma=True on {request.arch}: warpgroup MMA is sm_90's (sm_90a)")
@@ -263,7 +280,7 @@ def gate(stats, request: Request):
                            f"blocks: stream-K walks one column tile")
     blocks = request.option("blocks")
     limit = block_limit(32 * warps, request.device)
-    if blocks is not None and not (isinstance(blocks, int) and not isinstance(blocks, bool) and 1 <= blocks <= limit):
+    if blocks is not None and blocks > limit:
         return decline(f"options blocks={blocks!r}: expected resident blocks per SM, an integer from 1 to "
                        f"{limit} for {warps}-warp blocks")
     row_groups = warps // warp_k
@@ -271,17 +288,9 @@ def gate(stats, request: Request):
         return decline(f"options tile_m={request.option('tile_m')} with {warps} warps in {row_groups} row groups: "
                        f"each group needs 16 rows")
     bn = request.option("bn")
-    if bn is not None and (bn not in (8, 16, 32, 64) or bn > block_n(request.n)):
+    if bn is not None and bn > block_n(request.n):
         return decline(f"options bn={bn!r}: expected 8, 16, 32 or 64, at most {block_n(request.n)} "
                        f"(N = {request.n} rounded up to a power of two)")
-    for name, allowed in (("tile_m", (64, 128, 256)), ("split_k", None), ("reduction", REDUCTIONS)):
-        value = request.option(name)
-        if value is None:
-            continue
-        if name == "split_k" and not (isinstance(value, int) and value >= 1):
-            return decline(f"options split_k={value!r}: expected a positive integer")
-        if allowed is not None and value not in allowed:
-            return decline(f"options {name}={value!r}: expected one of {allowed}")
     tile_m = request.option("tile_m") or 128  # the tallest height the chooser takes unasked
     acc = accumulators(tile_m, request_bn(request), warps, warp_k)
     if acc > MAX_ACCUMULATORS:
@@ -654,7 +663,7 @@ def modelled_split(stats, request: Request, n: int, bn: int, resident: int, kern
 # ---- launch, operands, steps ------------------------------------------------------------------
 
 def out_dtype(request: Request) -> str:
-    return DTYPE_SHORT[request.option("out") or request.dtype]
+    return short_name(request.option("out") or request.dtype)
 
 
 def main_args(spec: TiledSpec, format_args: tuple) -> tuple:
@@ -688,15 +697,15 @@ def scratch_constants(spec: TiledSpec) -> dict:
 
 
 def operands(spec: TiledSpec, plan) -> tuple:
-    return (Operand("x", (spec.k, spec.n), DTYPE_LONG[spec.dtype]),), Operand("y", (spec.m, spec.n), DTYPE_LONG[spec.out])
+    return (Operand("x", (spec.k, spec.n), long_name(spec.dtype)),), Operand("y", (spec.m, spec.n), long_name(spec.out))
 
 
 def emulate_operands(spec: TiledSpec, plan) -> tuple:
     """What the NumPy emulator takes: NumPy has no bfloat16, so bf16 X comes as float32 (rounded to
     bf16 on entry) and bf16 Y leaves as float32 holding bf16-rounded values."""
     (x,), y = operands(spec, plan)
-    host = {"bfloat16": "float32"}
-    return (Operand("x", x.shape, host.get(x.dtype, x.dtype)),), Operand("y", y.shape, host.get(y.dtype, y.dtype))
+    return ((Operand("x", x.shape, DTYPES[x.dtype].host.name),),
+            Operand("y", y.shape, DTYPES[y.dtype].host.name))
 
 
 def alignment(spec: TiledSpec) -> int:

@@ -1,15 +1,6 @@
 """What every kernel family shares: the request, the spec base class, rules and launch geometry.
 
-A family is one kernel design. Its module under `sparsegen/families/` defines a frozen `Spec`
-dataclass (every template parameter), `RULES` (named selection rules; a family whose choice the cost
-models make offers `gate` and `choose` instead, and `select/policy.py` decides), `FORMAT` (the module in
-`sparsegen/formats/` that encodes and emulates its data layout), `KERNEL` (the `extern "C"` name),
-`ARGUMENTS` (the kernel's parameter list), `operands()` and `launch()`.
-
-Optionally `encoding(spec)`: the spec fields its encoding reads, when that is less than the whole
-request (the tensor-core tiles do not depend on n). The family then also has `encode_format(csr,
-spec, bias)` (the encoding alone) and `specialize(plan, spec)` (what the request adds), and
-`compile` keeps one encoding in the cache for every request that shares those fields.
+What a family module must define and the hooks it may define are in `contract.py`.
 """
 from __future__ import annotations
 
@@ -21,11 +12,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
+from ..dtypes import long_name, short_name
 from ..errors import UnsupportedError
 from ..select import device as device_model
 from ..select.device import DeviceModel
 
-DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 TEMPLATE_WORD = re.compile(r"[A-Za-z0-9_]*")  # what a string spec field may hold: it is pasted into source
 
 
@@ -40,17 +31,21 @@ class Request:
     arch: str = "sm_90"
     bias: bool = False
     relu: bool = False
-    options: tuple = ()  # family-specific (name, value) pairs, sorted: part of every cache key
+    # (name, value) pairs, sorted: the families' options and `family`; compile() gives them in the
+    # normal form of `families.normalize_options`, which every cache key reads
+    options: tuple = ()
     # the GPU selection plans for: its SMs, shared memory and registers, and its cost models' rates
     # (its repr, part of every cache key, names it and its rates by digest)
     device: DeviceModel = field(default_factory=lambda: device_model.default())
 
     @property
     def short_dtype(self) -> str:
-        return DTYPES[self.dtype]
+        return short_name(self.dtype)
 
     def option(self, name: str, default=None):
-        return dict(self.options).get(name, default)
+        """The option's value, or `default` where it is not given (None is not given)."""
+        value = dict(self.options).get(name)
+        return default if value is None else value
 
 
 @dataclass(frozen=True)
@@ -167,7 +162,8 @@ class Launch:
 class Step:
     """One kernel launch of a call. A family whose call is several launches in stream order
     (a hybrid's parts, a split-K reduction) defines `steps(spec, plan) -> tuple[Step, ...]`;
-    the others define `KERNEL`, `arguments(spec)` and `launch(spec, plan)`, which make one step."""
+    the others define `KERNEL`, `arguments(spec)` and `launch(spec, plan)`, which make one step
+    (`contract.Family.steps`)."""
 
     kernel: str  # the extern "C" name
     args: tuple  # Arg, ...
@@ -193,14 +189,6 @@ class LibraryGemm:
         return f"{self.library}.matmul"
 
 
-def launch_steps(fam, spec, plan) -> tuple:
-    """The launches one call makes, in stream order: the family's `steps(spec, plan)` when it
-    launches several (a hybrid's two parts, a split-K reduction), else its single kernel."""
-    if hasattr(fam, "steps"):
-        return tuple(fam.steps(spec, plan))
-    return (Step(fam.KERNEL, tuple(fam.arguments(spec)), fam.launch(spec, plan)),)
-
-
 VEC_BYTES_MAX = 16  # widest vector load: float4 / 8 halves
 
 
@@ -223,11 +211,6 @@ def default_device() -> DeviceModel:
     return device_model.default()
 
 
-def long_dtype(short: str) -> str:
-    """"f32" -> "float32": a spec's storage dtype as NumPy names it."""
-    return {v: k for k, v in DTYPES.items()}[short]
-
-
 def spmm_gate(stats, request: Request, index_slack: int = 0) -> Decision | None:
     """The declines every CSR-based spmm family shares (op, dtype, 32-bit indices), or None.
     `index_slack`: entries the family's encoding adds past nnz (vector padding)."""
@@ -242,7 +225,7 @@ def spmm_gate(stats, request: Request, index_slack: int = 0) -> Decision | None:
 
 def spmm_operands(spec, plan) -> tuple[tuple[Operand, ...], Operand]:
     """X (k, n) in, Y (m, n) out, both in the spec's storage dtype."""
-    dtype = long_dtype(spec.dtype)
+    dtype = long_name(spec.dtype)
     m, k = plan.constants["m"], plan.constants["k"]
     return (Operand("x", (k, spec.n), dtype),), Operand("y", (m, spec.n), dtype)
 

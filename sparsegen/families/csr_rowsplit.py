@@ -10,13 +10,16 @@ thread-per-output kernel for short rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
+from ..dtypes import long_name
 from ..formats import csr as FORMAT  # noqa: N812 - the family's format module
-from .base import (Arg, KernelSpec, Launch, Request, Rule, accept, decline, epilogue_suffix, long_dtype, next_pow2,
+from .base import (Arg, KernelSpec, Launch, Request, Rule, accept, decline, epilogue_suffix, next_pow2,
                    prev_pow2, spmm_gate, spmm_operands, widest_vector)
+from .options import FamilyOptions, option
 
 FAMILY = "csr_rowsplit"
+OPS = ("spmm",)
 KERNEL = "csr_rowsplit_spmm"
 WARP = 32
 
@@ -66,6 +69,13 @@ UNROLL_MAX_N = 32
 UNROLL_MAX_MEAN = 128
 
 
+@dataclass(frozen=True)
+class Options(FamilyOptions):
+    unroll: Literal[1, 2, 4, 8] | None = option(expected="1, 2, 4 or 8 (chunks loaded per step)")  # None: UNROLL or 1
+    block: Literal[32, 64, 128, 256, 512, 1024] | None = option(  # None: BLOCK_THREADS
+        expected="a power of two from 32 to 1024 (threads per block)")
+
+
 def warps_launched(m: int, n: int, vec: int, lanes_col: int, lanes_k: int) -> int:
     tiles = -(-n // (lanes_col * vec))
     return -(-(m * tiles * lanes_col * lanes_k) // WARP)
@@ -109,12 +119,9 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
 
 
 def _rule(stats, request: Request):
-    unroll = request.option("unroll")
-    if unroll is not None and unroll not in (1, 2, 4, 8):
-        return decline(f"option unroll={unroll!r}: expected 1, 2, 4 or 8 (chunks loaded per step)")
-    block = request.option("block")
-    if block is not None and block not in (32, 64, 128, 256, 512, 1024):
-        return decline(f"option block={block!r}: expected a power of two from 32 to 1024 (threads per block)")
+    bad = Options.problem(request)
+    if bad:
+        return decline(bad)
     return spmm_gate(stats, request) or accept(*choose(stats, request))
 
 
@@ -129,7 +136,7 @@ def arguments(spec: Spec) -> tuple[Arg, ...]:
 
 
 def encode(csr, spec: Spec, bias=None):
-    return FORMAT.encode(csr, long_dtype(spec.dtype), bias)
+    return FORMAT.encode(csr, long_name(spec.dtype), bias)
 
 
 operands = spmm_operands

@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
+from ..dtypes import DTYPES, NAMES, WITH_NUMPY, itemsize, long_name, short_name
 from ..formats import dense as FORMAT  # noqa: N812 - the family's format module
 from .base import Arg, KernelSpec, Launch, LibraryGemm, Operand, Request, Step, decline, epilogue_suffix
+from .options import FamilyOptions, option
 
 FAMILY = "dense_gemm"
+OPS = ("spmm",)
 EPILOGUE_KERNEL = "dense_gemm_epilogue"
 EPILOGUE_THREADS = 256
 LIBRARIES = ("torch", "cupy")  # in order of preference
-LIBRARY_DTYPES = {"torch": ("float16", "bfloat16", "float32"), "cupy": ("float16", "float32")}
+LIBRARY_DTYPES = {"torch": NAMES, "cupy": WITH_NUMPY}  # CuPy has NumPy's dtypes: no bfloat16
 CALLS = {"torch": "torch.matmul", "cupy": "cupy.matmul"}
-DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
-ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4}
-DTYPE_LONG = {v: k for k, v in DTYPE_SHORT.items()}
 # A densified W past this share of the device's memory is refused (32 GiB of an H100's 80): the plan
 # holds it on the host, in the plan cache and on the GPU, and a matrix that large is better left sparse.
 MAX_DENSE_SHARE = (2, 5)
@@ -64,9 +64,14 @@ class Spec(KernelSpec):
         return {"family": self.family, "name": self.name, **KernelSpec.fields(self)}
 
 
+@dataclass(frozen=True)
+class Options(FamilyOptions):
+    out: Literal[NAMES] | None = option()  # Y's dtype: the input's (the gate declines another)
+
+
 def w_bytes(short_dtype: str, m: int, k: int) -> int:
     """Bytes of W densified in the spec's dtype ("f16", "bf16" or "f32")."""
-    return ITEMSIZE[short_dtype] * m * k
+    return itemsize(short_dtype) * m * k
 
 
 def find_library(dtype: str) -> str | None:
@@ -80,7 +85,7 @@ def find_library(dtype: str) -> str | None:
 
 def unavailable(request: Request) -> str | None:
     """Why this family cannot run here (no binding for the dtype), else None: `tune=True` skips it."""
-    if request.dtype in DTYPE_SHORT and find_library(request.dtype) is None:
+    if request.dtype in NAMES and find_library(request.dtype) is None:
         return f"neither torch nor CuPy (float16 and float32 only) is importable for {request.dtype}"
     return None
 
@@ -93,15 +98,18 @@ def gate(stats, request: Request):
     """None when a dense product can serve the request, else the Decision that declines it."""
     if request.op != "spmm":
         return decline(f"op {request.op!r} is not spmm")
-    if request.dtype not in DTYPE_SHORT:
+    if request.dtype not in NAMES:
         return decline(f"dtype {request.dtype}: the dense fallback serves float16, bfloat16 and float32")
+    bad = Options.problem(request)
+    if bad:
+        return decline(bad)
     out = request.option("out")
     if out not in (None, request.dtype):
         return decline(f"options out={out!r}: cuBLAS writes Y in the input dtype here")
     m, k = stats.shape
     if m == 0 or k == 0:
         return decline(f"empty shape {m}x{k}")
-    size, limit = w_bytes(DTYPE_SHORT[request.dtype], m, k), max_dense_bytes(request.device)
+    size, limit = w_bytes(short_name(request.dtype), m, k), max_dense_bytes(request.device)
     if size > limit:
         return decline(f"densified W would take {size / 2**30:.0f} GiB (> {limit / 2**30:.0f} GiB, "
                        f"{MAX_DENSE_SHARE[0]}/{MAX_DENSE_SHARE[1]} of the {request.device.name}'s memory)")
@@ -114,7 +122,7 @@ def max_dense_bytes(device) -> int:
 
 def make_spec(stats, request: Request, library: str) -> Spec:
     m, k = stats.shape
-    return Spec(DTYPE_SHORT[request.dtype], m, k, request.n, library, request.bias, request.relu)
+    return Spec(short_name(request.dtype), m, k, request.n, library, request.bias, request.relu)
 
 
 def forced(stats, request: Request) -> tuple[Spec, str]:
@@ -132,7 +140,7 @@ def forced(stats, request: Request) -> tuple[Spec, str]:
 def describe(stats, request: Request, library: str) -> str:
     """What the dense spec does, for its selection's reason."""
     m, k = stats.shape
-    w_mb = w_bytes(DTYPE_SHORT[request.dtype], m, k) / 1e6
+    w_mb = w_bytes(short_name(request.dtype), m, k) / 1e6
     return f"W densified ({w_mb:.1f} MB) for {describe_call(library)}{epilogue_text(request)}"
 
 
@@ -149,7 +157,7 @@ def encoding(spec: Spec) -> tuple:
 
 
 def encode_format(csr, spec: Spec, bias=None):
-    return FORMAT.encode(csr, DTYPE_LONG[spec.dtype], bias)
+    return FORMAT.encode(csr, long_name(spec.dtype), bias)
 
 
 def specialize(plan, spec: Spec):
@@ -162,7 +170,7 @@ def encode(csr, spec: Spec, bias=None):
 
 def steps(spec: Spec, plan) -> tuple:
     """The library GEMM, then (bias or ReLU) the epilogue kernel over Y in place."""
-    gemm = LibraryGemm(spec.library, DTYPE_LONG[spec.dtype], spec.m, spec.k, spec.n,
+    gemm = LibraryGemm(spec.library, long_name(spec.dtype), spec.m, spec.k, spec.n,
                        (Arg("w", "plan"), Arg("x", "input"), Arg("y", "output")))
     if not (spec.bias or spec.relu):
         return (gemm,)
@@ -172,20 +180,20 @@ def steps(spec: Spec, plan) -> tuple:
 
 
 def operands(spec: Spec, plan) -> tuple:
-    dtype = DTYPE_LONG[spec.dtype]
+    dtype = long_name(spec.dtype)
     return (Operand("x", (spec.k, spec.n), dtype),), Operand("y", (spec.m, spec.n), dtype)
 
 
 def emulate_operands(spec: Spec, plan) -> tuple:
     """NumPy has no bfloat16: bf16 X comes as float32 (rounded to bf16 on entry), bf16 Y leaves as
     float32 holding bf16-rounded values (as the tiled families' emulators do). f32 is float32."""
-    host = "float16" if spec.dtype == "f16" else "float32"
+    host = DTYPES[long_name(spec.dtype)].host.name
     return (Operand("x", (spec.k, spec.n), host),), Operand("y", (spec.m, spec.n), host)
 
 
 def alignment(spec: Spec) -> int:
     """cuBLAS takes any element-aligned pointer; the epilogue reads and writes single elements."""
-    return ITEMSIZE[spec.dtype]
+    return itemsize(spec.dtype)
 
 
 def emulate(spec: Spec, plan, inputs: dict):

@@ -19,12 +19,15 @@ fp16 SDDMM stays on `sputnik_sddmm`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
+from ..dtypes import long_name
 from ..formats import sampled_tiles as FORMAT  # noqa: N812 - the family's format module
-from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, long_dtype, widest_vector
+from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, widest_vector
+from .options import FamilyOptions, option
 
 FAMILY = "dense_tile_sddmm"
+OPS = ("sddmm",)
 KERNEL = "dense_tile_sddmm"
 TILE_N = FORMAT.TILE_N
 WARP_TILE = 32  # a warp computes 32 x 32 of the tile
@@ -56,7 +59,6 @@ LONG_K_BOUNDS = ((0.28, 0.5), (0.25, 0.9), (0.19, 3.0))  # k >= LONG_K (the 80 %
 # 30 % fill at k = 32 ran 1.12-1.38x faster than sputnik_sddmm on grids of 1.9-31 tiles per SM (the
 # 1000 x 2048 layers, the 2048-8192 squares) and 0.92-0.97x on grids of 0.97.
 SHORT_K_BOUNDS = ((0.33, 0.9), (0.28, 1.5))
-OPTIONS = ("tile_m", "slice_k", "stages", "min_blocks")
 INT32_MAX = 2**31 - 1
 
 
@@ -86,6 +88,16 @@ class Spec(KernelSpec):
         (rows of 64 + 8 floats) where that is more, then the tile's row masks and bases (12 bytes a row)."""
         stages = self.stages * (self.tile_m + TILE_N) * (self.slice_k + 4)
         return max(stages, self.tile_m * OUT_STRIDE) * 4 + self.tile_m * 12
+
+
+@dataclass(frozen=True)
+class Options(FamilyOptions):
+    """Each overrides the rule's choice; None: the rule chooses."""
+
+    tile_m: Literal[TILE_MS] | None = option()
+    slice_k: Literal[8, 16, 32, 64] | None = option(expected="8, 16, 32 or 64")
+    stages: Literal[2, 3, 4] | None = option(expected="2, 3 or 4")
+    min_blocks: Literal[1, 2, 4, 8] | None = option(expected="1, 2, 4 or 8 (resident blocks per SM asked of nvcc)")
 
 
 def bounds(k: int) -> tuple[tuple[float, float], ...]:
@@ -139,19 +151,6 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     return spec, reason
 
 
-def _check_options(request: Request) -> str | None:
-    tile_m, slice_k, stages, min_blocks = (request.option(o) for o in OPTIONS)
-    if tile_m is not None and tile_m not in TILE_MS:
-        return f"option tile_m={tile_m}: expected one of {', '.join(map(str, TILE_MS))}"
-    if slice_k is not None and (slice_k not in (8, 16, 32, 64)):
-        return f"option slice_k={slice_k}: expected 8, 16, 32 or 64"
-    if stages is not None and stages not in (2, 3, 4):
-        return f"option stages={stages}: expected 2, 3 or 4"
-    if min_blocks is not None and min_blocks not in (1, 2, 4, 8):
-        return f"option min_blocks={min_blocks}: expected 1, 2, 4 or 8 (resident blocks per SM asked of nvcc)"
-    return None
-
-
 def _rule(stats, request: Request):
     if request.op != "sddmm":
         return decline(f"op {request.op!r} is not sddmm")
@@ -162,7 +161,7 @@ def _rule(stats, request: Request):
     m, n = stats.shape
     if stats.nnz > INT32_MAX or max(m, n) > INT32_MAX or max(m, n) * request.k > 2**40:
         return decline("matrix needs 64-bit indices")
-    bad = _check_options(request)
+    bad = Options.problem(request)
     if bad:
         return decline(bad)
     spec, reason = choose(stats, request)
@@ -208,7 +207,7 @@ def encode(csr, spec: Spec, bias=None):
 
 
 def operands(spec: Spec, plan) -> tuple[tuple[Operand, ...], Operand]:
-    c, dtype = plan.constants, long_dtype(spec.dtype)
+    c, dtype = plan.constants, long_name(spec.dtype)
     return ((Operand("a", (c["m"], spec.k), dtype), Operand("b", (c["n"], spec.k), dtype)),
             Operand("out", (c["nnz"],), dtype))
 

@@ -31,12 +31,14 @@ kernels and cuBLAS SGEMM.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from ..formats import dense as FORMAT  # noqa: N812 - the family's format module
 from .base import Arg, KernelSpec, Launch, Operand, Request, accept, decline, epilogue_suffix, widest_vector
+from .options import FamilyOptions, option
 
 FAMILY = "dense_tile_spmm"
+OPS = ("spmm",)
 KERNEL = "dense_tile_spmm"
 WARP_TILE = 32  # a warp computes 32 x 32 of the tile
 TILE_MS = (64, 128)  # rows of a block's tile
@@ -52,7 +54,6 @@ MIN_BLOCKS = {64: 5, 128: 3, 256: 2, 512: 1}
 # 3 splits of 5-6 slices, while K = 2048-8192 (22-85 slices a split) still gained 1.04-1.11x from splitting.
 MIN_SLICES_PER_SPLIT = 4
 FULL_GRID_SLICES_PER_SPLIT = 16
-OPTIONS = ("tile_m", "tile_n", "split_k", "stages", "min_blocks", "mma")
 MMAS = ("tf32x3", "f16x3")  # three TF32 products per product, or three FP16 ones on scaled operands
 DEFAULT_MMA = "tf32x3"
 # 3xFP16 in 128 x 64 tiles (two blocks of 256 threads per SM) from this much dense work at n >= 256: in
@@ -124,6 +125,25 @@ class Spec(KernelSpec):
 
     def to_dict(self) -> dict:
         return {"family": self.family, "name": self.name, **KernelSpec.fields(self)}
+
+
+@dataclass(frozen=True)
+class Options(FamilyOptions):
+    """Each overrides the rule's choice; None: the rule chooses."""
+
+    tile_m: Literal[TILE_MS] | None = option()
+    tile_n: Literal[TILE_NS] | None = option()
+    split_k: int | None = option(expected="a positive integer", valid=lambda v: v >= 1)
+    stages: Literal[2, 3, 4] | None = option(expected="2, 3 or 4")
+    min_blocks: Literal[1, 2, 3, 4, 5, 6, 8] | None = option(
+        expected="1-6 or 8 (resident blocks per SM asked of nvcc)")
+    mma: Literal[MMAS] | None = option(expected=f"one of {', '.join(MMAS)}")
+    out: Literal["float32"] | None = option(expected="'float32' (Y is float32)")
+
+    def check(self) -> str | None:
+        if self.stages == 2 and self.mma == "f16x3":
+            return "stages=2 with mma='f16x3': its split runs a slice ahead, 3 or 4 stages"
+        return None
 
 
 def threads_for(tile_m: int, tile_n: int) -> int:
@@ -212,24 +232,6 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     return spec, reason
 
 
-def _check_options(request: Request) -> str | None:
-    tile_m, tile_n, split_k, stages, min_blocks, mma = (request.option(o) for o in OPTIONS)
-    if mma is not None and mma not in MMAS:
-        return f"option mma={mma!r}: expected one of {', '.join(MMAS)}"
-    for name, value, allowed in (("tile_m", tile_m, TILE_MS), ("tile_n", tile_n, TILE_NS)):
-        if value is not None and value not in allowed:
-            return f"option {name}={value}: expected one of {', '.join(map(str, allowed))}"
-    if split_k is not None and (not isinstance(split_k, int) or split_k < 1):
-        return f"option split_k={split_k!r}: expected a positive integer"
-    if stages is not None and stages not in (2, 3, 4):
-        return f"option stages={stages}: expected 2, 3 or 4"
-    if stages == 2 and mma == "f16x3":
-        return "option stages=2 with mma='f16x3': its split runs a slice ahead, 3 or 4 stages"
-    if min_blocks is not None and min_blocks not in (1, 2, 3, 4, 5, 6, 8):
-        return f"option min_blocks={min_blocks}: expected 1-6 or 8 (resident blocks per SM asked of nvcc)"
-    return None
-
-
 def offer(stats, request: Request):
     """The spec this family builds for the request (accepted, with what it does), or the decline
     that says why it cannot serve it; selection (`select/policy.py`) decides whether to take it."""
@@ -237,8 +239,9 @@ def offer(stats, request: Request):
         return decline(f"op {request.op!r} is not spmm")
     if request.dtype != "float32":
         return decline(f"dtype {request.dtype}: float32 only (fp16 and bf16 have the tiled tensor-core families)")
-    if request.option("out") not in (None, "float32"):
-        return decline(f"options out={request.option('out')!r}: Y is float32")
+    bad = Options.problem(request)
+    if bad:
+        return decline(bad)
     m, k = stats.shape
     if m == 0 or k == 0 or not request.n:
         return decline(f"empty shape {m}x{k}, n={request.n}")
@@ -246,9 +249,6 @@ def offer(stats, request: Request):
         return decline(f"densified W would take {4 * m * k / 2**30:.0f} GiB (> {MAX_DENSE_BYTES >> 30} GiB)")
     if max(m * k, k * request.n, m * request.n) >= 2**31:
         return decline("an operand past 2^31 elements needs 64-bit offsets")
-    bad = _check_options(request)
-    if bad:
-        return decline(bad)
     spec, reason = choose(stats, request)
     if -(-m // spec.tile_m) > MAX_GRID_YZ:
         return decline(f"{-(-m // spec.tile_m)} row tiles of {spec.tile_m}: past the grid's {MAX_GRID_YZ} in y")

@@ -17,11 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..dtypes import long_name, short_name
 from ..formats import ell_coo as FORMAT  # noqa: N812 - the family's format module
-from .base import (Arg, KernelSpec, Launch, Request, Rule, Step, accept, decline, epilogue_suffix, long_dtype,
+from .base import (Arg, KernelSpec, Launch, Request, Rule, Step, accept, decline, epilogue_suffix,
                    next_pow2, spmm_gate, spmm_operands, widest_vector)
 
 FAMILY = "ell_coo_spmm"
+OPS = ("spmm",)
 KERNEL = "ell_coo_spmm_ell"  # the first step (tools that print one kernel name show this one)
 TAIL_KERNEL = "ell_coo_spmm_tail"
 RELU_KERNEL = "ell_coo_spmm_relu"
@@ -91,8 +93,7 @@ def make_spec(dtype: str, n: int, width: int, *, bias: bool = False, relu: bool 
     vec = widest_vector(n, itemsize)
     lanes = min(WARP, next_pow2(-(-n // vec)))
     unroll = width if width <= FULL_UNROLL_MAX else UNROLL
-    short = "f32" if dtype == "float32" else "f16"
-    return Spec(short, n, vec, lanes, width, FORMAT.chunk_size(width), unroll, BLOCK, bias, relu)
+    return Spec(short_name(dtype), n, vec, lanes, width, FORMAT.chunk_size(width), unroll, BLOCK, bias, relu)
 
 
 def _rule(stats, request: Request):
@@ -172,7 +173,7 @@ def steps(spec: Spec, plan) -> tuple[Step, ...]:
 
 
 def encode(csr, spec: Spec, bias=None):
-    return FORMAT.encode(csr, long_dtype(spec.dtype), spec.width, spec.chunk, bias)
+    return FORMAT.encode(csr, long_name(spec.dtype), spec.width, spec.chunk, bias)
 
 
 operands = spmm_operands

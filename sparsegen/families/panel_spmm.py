@@ -16,12 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..dtypes import long_name
 from ..formats import csr as CSR  # noqa: N812
 from ..formats import panel as FORMAT  # noqa: N812 - the family's format module
-from .base import (Arg, KernelSpec, Launch, Request, Rule, Step, accept, decline, epilogue_suffix, long_dtype,
+from .base import (Arg, KernelSpec, Launch, Request, Rule, Step, accept, decline, epilogue_suffix,
                    next_pow2, prev_pow2, spmm_gate, spmm_operands, widest_vector)
+from .options import FamilyOptions, option
 
 FAMILY = "panel_spmm"
+OPS = ("spmm",)
 KERNEL = "panel_spmm"
 WARPS = 8  # warps per block
 MAX_ACC = 32  # fp32 accumulators per lane (rows per group x vector)
@@ -124,6 +127,14 @@ class Spec(KernelSpec):
         return {**super().fields(), "record": self.record}
 
 
+@dataclass(frozen=True)
+class Options(FamilyOptions):
+    reuse: int = option(REUSE, expected="an integer from 1 to 256", valid=lambda v: 1 <= v <= 256)
+    blocks_per_sm: int | None = option(expected="an integer from 1 to 64",  # None: resident_blocks
+                                       valid=lambda v: 1 <= v <= 64)
+    splits: int | None = option(expected="a positive integer (ways to split K)", valid=lambda v: v >= 1)
+
+
 def stage_bytes(kc: int, tile_n: int, itemsize: int, record: int, pair_cap: int) -> int:
     pair_bytes = 4 if itemsize == 2 else 8
     return kc * tile_n * itemsize + record * 4 + (-(-pair_cap // 4) * 4) * pair_bytes
@@ -214,14 +225,11 @@ def _rule(stats, request: Request):
     gate = spmm_gate(stats, request)
     if gate:
         return gate
+    bad = Options.problem(request)
+    if bad:
+        return decline(bad)
     reuse, per_sm = request.option("reuse", REUSE), request.option("blocks_per_sm")
     splits = request.option("splits")
-    if not (isinstance(reuse, int) and 1 <= reuse <= 256):
-        return decline(f"options reuse={reuse!r}: expected an integer from 1 to 256")
-    if per_sm is not None and not (isinstance(per_sm, int) and 1 <= per_sm <= 64):
-        return decline(f"options blocks_per_sm={per_sm!r}: expected an integer from 1 to 64")
-    if splits is not None and not (isinstance(splits, int) and splits >= 1):
-        return decline(f"options splits={splits!r}: expected a positive integer (ways to split K)")
     outside = None if request.option("family") == FAMILY else _outside_measured(stats, request)
     if outside:
         return outside
@@ -232,7 +240,7 @@ RULES = (Rule("panel_spmm", FAMILY, _rule),)
 
 
 def encode(csr, spec: Spec, bias=None):
-    plan = FORMAT.encode(csr, long_dtype(spec.dtype), rows=spec.panel_rows, kc=spec.kc, tile_n=spec.tile_n, bias=bias)
+    plan = FORMAT.encode(csr, long_name(spec.dtype), rows=spec.panel_rows, kc=spec.kc, tile_n=spec.tile_n, bias=bias)
     workspace = spec.m * spec.n * 4 if spec.splits > 1 else 0
     return type(plan)(plan.format, plan.arrays, {**plan.constants, "workspace_bytes": workspace})
 

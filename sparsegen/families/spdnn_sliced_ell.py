@@ -12,12 +12,14 @@ Used through `sparsegen.SparseDNN` (the network driver), which also runs the pru
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from ..formats import sliced_ell as FORMAT  # noqa: N812
 from .base import Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, default_device
+from .options import FamilyOptions, option
 
 FAMILY = "spdnn_sliced_ell"
+OPS = ("spdnn_layer",)
 KERNEL = "spdnn_layer"
 # Measured on the H100 (n1024-l120, 60,000 MNIST-made inputs): tiles of 1024 outputs with 16 inputs
 # per pass ran 40.5 TeraEdges/s against 31.6 with 12 and 39.1 with 8 (docs/decisions/data/h100-80gb-hbm3/spdnn_block_minibatch_sweep.json).
@@ -53,6 +55,19 @@ class Spec(KernelSpec):
     @property
     def shared_bytes(self) -> int:
         return self.buf * self.stride * 4
+
+
+@dataclass(frozen=True)
+class Options(FamilyOptions):
+    minibatch: int = option(DEFAULT_MINIBATCH, expected="a positive multiple of 4 (float4 shared-memory reads)",
+                            valid=lambda v: v > 0 and v % 4 == 0)
+    block: int | None = option(expected="a multiple of 32 from 32 to 1024 (threads, an output neuron each)",
+                               valid=lambda v: v % 32 == 0 and 32 <= v <= 1024)  # None: default_block
+    unroll: bool = option(True)  # False: the variant that reads the trip counts at run time
+    # the layer's epilogue, from compile()'s bias, cap and bias_rule
+    bias: float = option(0.0)
+    cap: float | None = option()
+    bias_rule: Literal["nonzero", "all"] = option("nonzero")
 
 
 def default_block(outputs: int) -> int:
@@ -95,8 +110,9 @@ def _rule(stats, request: Request):
         return decline(f"op {request.op!r} is not spdnn_layer")
     if request.dtype != "float32":
         return decline(f"dtype {request.dtype}: the SpDNN layer kernel is fp32")
-    if int(request.option("minibatch", DEFAULT_MINIBATCH)) % 4:
-        return decline("minibatch must be a multiple of 4 (float4 shared-memory reads)")
+    bad = Options.problem(request)
+    if bad:
+        return decline(bad)
     return accept(*choose(stats, request))
 
 

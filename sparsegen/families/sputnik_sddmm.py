@@ -19,13 +19,16 @@ the rule (tuning).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
+from ..dtypes import long_name
 from ..formats import csr_sddmm as FORMAT  # noqa: N812 - the family's format module
-from .base import (Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, long_dtype, next_pow2,
+from .base import (Arg, KernelSpec, Launch, Operand, Request, Rule, accept, decline, next_pow2,
                    prev_pow2, widest_vector)
+from .options import FamilyOptions, option
 
 FAMILY = "sputnik_sddmm"
+OPS = ("sddmm",)
 KERNEL = "sputnik_sddmm"
 WARP = 32
 LINE_BYTES = 128  # a group reads one L1 line of a B row per load instruction
@@ -53,8 +56,6 @@ INT32_MAX = 2**31 - 1
 ONE_PASS_LANES = (8, 16)
 LARGE_BLOCK = 512
 ONE_PASS_TILE, ONE_PASS_UNROLL, ONE_PASS_BLOCK, ONE_PASS_MIN_BLOCKS = 8, 4, 256, 3
-# request options that override the rule's choice
-OPTIONS = ("tile", "unroll", "block", "min_blocks", "order", "scaled", "lanes")
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,20 @@ class Spec(KernelSpec):
     @property
     def groups_per_block(self) -> int:
         return self.block // self.lanes
+
+
+@dataclass(frozen=True)
+class Options(FamilyOptions):
+    """Each overrides the rule's choice; None: the rule chooses."""
+
+    tile: Literal[4, 8, 16, 32] | None = option(expected="4, 8, 16 or 32")
+    unroll: Literal[1, 2, 4, 8, 16, 32] | None = option(expected="a power of two up to 32")
+    block: int | None = option(expected="a multiple of 32 up to 1024", valid=lambda v: v % WARP == 0 and WARP <= v <= 1024)
+    min_blocks: int | None = option(expected=f"an integer from 1 to {MAX_BLOCKS_PER_SM}",
+                                    valid=lambda v: 1 <= v <= MAX_BLOCKS_PER_SM)
+    order: Literal[FORMAT.ORDERS] = option("phase")  # the tile layout
+    scaled: bool = option(True)  # False forces 64-bit offsets (tests that path)
+    lanes: Literal[1, 2, 4, 8, 16, 32] | None = option(expected="a power of two up to 32")
 
 
 def group_lanes(k: int, vec: int, itemsize: int) -> int:
@@ -191,26 +206,6 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     return spec, reason
 
 
-def _check_options(request: Request) -> str | None:
-    """Why the request's overrides cannot be used, or None."""
-    tile, unroll, block, min_blocks, order, scaled, lanes = (request.option(o) for o in OPTIONS)
-    if lanes is not None and lanes not in (1, 2, 4, 8, 16, 32):
-        return f"option lanes={lanes}: expected a power of two up to 32"
-    if tile is not None and tile not in (4, 8, 16, 32):
-        return f"option tile={tile}: expected 4, 8, 16 or 32"
-    if unroll is not None and (unroll < 1 or unroll & (unroll - 1) or unroll > 32):
-        return f"option unroll={unroll}: expected a power of two up to 32"
-    if block is not None and (block % WARP or not WARP <= block <= 1024):
-        return f"option block={block}: expected a multiple of 32 up to 1024"
-    if min_blocks is not None and not (isinstance(min_blocks, int) and 1 <= min_blocks <= MAX_BLOCKS_PER_SM):
-        return f"option min_blocks={min_blocks}: expected an integer from 1 to {MAX_BLOCKS_PER_SM}"
-    if order is not None and order not in FORMAT.ORDERS:
-        return f"option order={order!r}: expected one of {', '.join(FORMAT.ORDERS)}"
-    if scaled not in (None, True, False):
-        return f"option scaled={scaled!r}: expected True or False"
-    return None
-
-
 def _rule(stats, request: Request):
     if request.op != "sddmm":
         return decline(f"op {request.op!r} is not sddmm")
@@ -221,7 +216,7 @@ def _rule(stats, request: Request):
     m, n = stats.shape
     if stats.nnz + m * TILES[0] > INT32_MAX or max(m, n, request.k) > INT32_MAX:
         return decline("matrix needs 64-bit indices")
-    bad = _check_options(request)
+    bad = Options.problem(request)
     if bad:
         return decline(bad)
     spec, reason = choose(stats, request)
@@ -249,7 +244,7 @@ def encode(csr, spec: Spec, bias=None):
 
 
 def operands(spec: Spec, plan) -> tuple[tuple[Operand, ...], Operand]:
-    c, dtype = plan.constants, long_dtype(spec.dtype)
+    c, dtype = plan.constants, long_name(spec.dtype)
     return ((Operand("a", (c["m"], spec.k), dtype), Operand("b", (c["n"], spec.k), dtype)),
             Operand("out", (c["nnz"],), dtype))
 

@@ -15,13 +15,16 @@ mean) no longer set the kernel's time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
+from ..dtypes import long_name
 from ..formats import csr as FORMAT  # noqa: N812 - the family's format module
-from .base import (Arg, KernelSpec, Launch, Request, Rule, accept, decline, epilogue_suffix, long_dtype, next_pow2,
+from .base import (Arg, KernelSpec, Launch, Request, Rule, accept, decline, epilogue_suffix, next_pow2,
                    spmm_gate, spmm_operands, widest_vector)
+from .options import FamilyOptions, option
 
 FAMILY = "sputnik_spmm"
+OPS = ("spmm",)
 KERNEL = "sputnik_spmm"
 WARP = 32
 CHUNK = 32  # nonzeros staged per step: Sputnik's kBlockItemsK
@@ -313,32 +316,35 @@ def tune_variants(request: Request) -> list[dict]:
     return [{}] + [{"ksplit": k} for k in TUNE_KSPLITS]
 
 
+@dataclass(frozen=True)
+class Options(FamilyOptions):
+    """Each overrides the rule's choice (tuning, tests); None: the rule chooses."""
+
+    ksplit: Literal[1, 2, 4, 8, 16] | None = option(expected="1, 2, 4, 8 or 16")
+    tile_bytes: Literal[16, 32, 64, 128, 256, 512] | None = option(expected="a power of two from 16 to 512")
+    chunk: Literal[32, 64, 128] | None = option(expected="32, 64 or 128")
+    batch: Literal[4, 8, 16, 32] | None = option(expected="4, 8, 16 or 32")
+    block: Literal[32, 64, 128, 256, 512] | None = option(expected="a power of two from 32 to 512")
+    balance: Literal[0, 1] | None = option(expected="0 (every row split alike) or 1 (split per row)")
+    piece: int | None = option(expected=f"nonzeros per row group, 1 to {1 << 20}", valid=lambda v: 1 <= v <= 1 << 20)
+    prefetch: Literal[0, 1] | None = option(expected="0 or 1 (load the next chunk while this one computes)")
+
+    def check(self) -> str | None:
+        if self.piece is not None and self.balance == 0:
+            return "piece with balance=0: a piece size splits rows per row"
+        return None
+
+
 def _rule(stats, request: Request):
     gate = spmm_gate(stats, request, index_slack=8)  # indices and values padded to a whole vector
     if gate:
         return gate
+    bad = Options.problem(request)
+    if bad:
+        return decline(bad)
     ksplit, tile_bytes = request.option("ksplit"), request.option("tile_bytes")
     chunk, batch, block = request.option("chunk"), request.option("batch"), request.option("block")
-    if ksplit is not None and ksplit not in (1, 2, 4, 8, 16):
-        return decline(f"options ksplit={ksplit!r}: expected 1, 2, 4, 8 or 16")
-    if tile_bytes is not None and tile_bytes not in (16, 32, 64, 128, 256, 512):
-        return decline(f"options tile_bytes={tile_bytes!r}: expected a power of two from 16 to 512")
-    if chunk is not None and chunk not in (32, 64, 128):
-        return decline(f"options chunk={chunk!r}: expected 32, 64 or 128")
-    if batch is not None and batch not in (4, 8, 16, 32):
-        return decline(f"options batch={batch!r}: expected 4, 8, 16 or 32")
-    if block is not None and block not in (32, 64, 128, 256, 512):
-        return decline(f"options block={block!r}: expected a power of two from 32 to 512")
-    balance, piece = request.option("balance"), request.option("piece")
-    if balance not in (None, 0, 1):
-        return decline(f"options balance={balance!r}: expected 0 (every row split alike) or 1 (split per row)")
-    if piece is not None and (not isinstance(piece, int) or isinstance(piece, bool) or not 1 <= piece <= 1 << 20):
-        return decline(f"options piece={piece!r}: expected nonzeros per row group, 1 to {1 << 20}")
-    if piece is not None and balance == 0:
-        return decline("options piece with balance=0: a piece size splits rows per row")
-    prefetch = request.option("prefetch")
-    if prefetch not in (None, 0, 1):  # True and False compare equal to 1 and 0
-        return decline(f"options prefetch={prefetch!r}: expected 0 or 1 (load the next chunk while this one computes)")
+    balance, piece, prefetch = request.option("balance"), request.option("piece"), request.option("prefetch")
     spec, reason = choose(stats, request, ksplit=ksplit, tile_bytes=tile_bytes, chunk=chunk, batch=batch, block=block,
                           balance=balance, piece=piece, prefetch=prefetch)
     if request.option("family") == FAMILY:
@@ -372,7 +378,7 @@ def arguments(spec: Spec) -> tuple[Arg, ...]:
 
 
 def encode(csr, spec: Spec, bias=None):
-    return FORMAT.encode_sputnik(csr, long_dtype(spec.dtype),
+    return FORMAT.encode_sputnik(csr, long_name(spec.dtype),
                                  index_bits=spec.index_bits, prescale=spec.n if spec.prescaled else 0,
                                  vector=spec.sv, swizzle=spec.swizzle, bias=bias,
                                  balance=((spec.piece, spec.budget, spec.rows * spec.ksplit, spec.ksplit)

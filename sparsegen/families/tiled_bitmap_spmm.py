@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
+from ..dtypes import long_name, short_name
 from ..formats import tiled_bitmap as FORMAT  # noqa: N812 - the family's format module
 from . import _tiled as T
 from . import tiled_csl_spmm as csl
 from .base import Arg, Request, decline
+from .options import option
 
 FAMILY = "tiled_bitmap_spmm"
+OPS = ("spmm",)
 KERNEL = "tiled_bitmap_spmm"
 # Ring depth: a ring needs one stage in flight beside the one computed; beyond that as many as keep
 # T.IN_FLIGHT_BYTES per SM moving over the resident blocks, at most MAX_STAGES.
@@ -35,6 +38,12 @@ DEFAULT_MIN_STAGES = 3  # unless asked for (options stages=2): one tile landing 
 MAX_BLOCKS = 6
 MAX_BLOCKS_W8 = 4  # 8-warp blocks: up to 32 warps
 REGS_BASE = 56  # besides accumulators and fragments: bitmap words, fragment starts, decode temporaries
+
+
+@dataclass(frozen=True)
+class Options(T.TiledOptions):
+    # halves per bitmap bit; None: the cost model builds both encodings and keeps the faster
+    granule: Literal[FORMAT.GRANULES] | None = option(expected=f"one of {FORMAT.GRANULES} (halves per bitmap bit)")
 
 
 def offset_bytes(warps: int) -> int:
@@ -150,7 +159,7 @@ def choose(stats, request: Request, kernel_s: float) -> tuple[Spec, str]:
                            stream_bns=T.STREAM_BNS[FAMILY], residencies=residencies)
     vcap = -(-max(vcap_est * split.tile_m // 128, 8) // 8) * 8
     blocks, stages = ring_for(split.tile_m, bn, vcap, request, warps, granule, blocks=split.blocks)
-    spec = Spec(T.DTYPE_SHORT[request.dtype], T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
+    spec = Spec(short_name(request.dtype), T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
                 split.reduction, request.bias, request.relu, blocks, warps, 1, T.request_wgmma(request), stages=stages,
                 l2_prefetch=bool(request.option("l2_prefetch", False)), granule=granule)
     spec = T.with_stream_grid(spec, sms)
@@ -186,13 +195,10 @@ def gate(stats, request: Request):
     """The tile families' gate, and what only the bitmap kernel refuses: k-groups and unknown granules.
     Odd N is taken: N = 1 and 3 with a 3-slot ring give right rows, racecheck clean
     (docs/decisions/data/h100-80gb-hbm3/repro_bitmap_odd_n.txt); tests/test_gpu_tiled.py keeps those configurations."""
-    declined = T.gate(stats, request)
+    declined = T.gate(stats, request, Options)
     if declined is None and T.request_warp_k(request) != 1:
         return decline(f"options warp_k={T.request_warp_k(request)}: the bitmap encoding slices each tile by "
                        f"warp rows (k-groups are Tiled-CSL's)")
-    if declined is None and request.option("granule", 1) not in FORMAT.GRANULES:
-        return decline(f"options granule={request.option('granule')!r}: expected one of {FORMAT.GRANULES} "
-                       f"(halves per bitmap bit)")
     return declined
 
 
@@ -205,7 +211,7 @@ def encoding(spec: Spec) -> tuple:
 
 
 def encode_format(csr, spec: Spec, bias=None):
-    return FORMAT.encode(csr, T.DTYPE_LONG[spec.dtype], spec.tile_m, bias, warps=spec.warps, granule=spec.granule)
+    return FORMAT.encode(csr, long_name(spec.dtype), spec.tile_m, bias, warps=spec.warps, granule=spec.granule)
 
 
 specialize = T.with_scratch
@@ -235,4 +241,4 @@ alignment = T.alignment
 
 
 def emulate(spec: Spec, plan, inputs: dict):
-    return FORMAT.spmm(plan, inputs["x"], relu=spec.relu, out=T.DTYPE_LONG[spec.out])
+    return FORMAT.spmm(plan, inputs["x"], relu=spec.relu, out=long_name(spec.out))

@@ -18,11 +18,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..dtypes import long_name, short_name
 from ..formats import tiled_csl as FORMAT  # noqa: N812 - the family's format module
 from . import _tiled as T
 from .base import Arg, Request
+from .options import option
 
 FAMILY = "tiled_csl_spmm"
+OPS = ("spmm",)
 KERNEL = "tiled_csl_spmm"
 SINK_BYTES = 2 * FORMAT.SINK_HALVES
 # Ring depth: the loop needs tile t + 1 landed at iteration t, so at least 3 slots; beyond that as
@@ -40,6 +43,7 @@ REGS_BASE = 48  # registers besides the accumulators and fragments (addresses, o
 @dataclass(frozen=True)
 class Spec(T.TiledSpec):
     family: ClassVar[str] = FAMILY
+    granule: ClassVar[int] = 1  # halves per encoded position: one encoding (bitmap's has two)
     stages: int = 4  # ring slots: tiles of words and X in flight per block, plus the one computed
     cap_vecs: int = 0  # uint4 of words a ring slot holds (fixed from the plan: the fullest tile, or capped)
     strict_banks: bool = False
@@ -67,6 +71,12 @@ class Spec(T.TiledSpec):
     @property
     def static_bytes(self) -> int:
         return 4 * (self.kt_per_split + 1)  # the block's tile offsets
+
+
+@dataclass(frozen=True)
+class Options(T.TiledOptions):
+    strict_banks: bool = option(False)  # padded banks: a strictly bank-conflict-free scatter
+    cap_vecs: int | None = option()  # uint4 of words a ring slot holds (the rest of a fuller tile from global)
 
 
 def w_buffers_bytes(tile_m: int) -> int:
@@ -127,7 +137,7 @@ def choose(stats, request: Request, kernel_s: float) -> tuple[Spec, str]:
         else -(-k_tiles // split.split_k)
     blocks, stages, _ = ring_for(split.tile_m, bn, max(1, vectors * split.tile_m // 128), kt_per_split, request,
                                  warps, warp_k)
-    spec = Spec(T.DTYPE_SHORT[request.dtype], T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
+    spec = Spec(short_name(request.dtype), T.out_dtype(request), m, k, n, split.tile_m, bn, split.split_k,
                 split.reduction, request.bias, request.relu, blocks, warps, warp_k, T.request_wgmma(request), stages=stages,
                 strict_banks=bool(request.option("strict_banks", False)),
                 l2_prefetch=bool(request.option("l2_prefetch", False)))
@@ -144,7 +154,7 @@ def choose(stats, request: Request, kernel_s: float) -> tuple[Spec, str]:
 
 def gate(stats, request: Request):
     """The tile families' shared gate (`_tiled.gate`): Tiled-CSL adds nothing to it."""
-    return T.gate(stats, request)
+    return T.gate(stats, request, Options)
 
 
 FORMAT_ARGS = (Arg("words", "plan"), Arg("tile_offsets", "plan"))
@@ -156,7 +166,7 @@ def encoding(spec: Spec) -> tuple:
 
 
 def encode_format(csr, spec: Spec, bias=None):
-    return FORMAT.encode(csr, T.DTYPE_LONG[spec.dtype], spec.tile_m, bias, strict_banks=spec.strict_banks)
+    return FORMAT.encode(csr, long_name(spec.dtype), spec.tile_m, bias, strict_banks=spec.strict_banks)
 
 
 specialize = T.with_scratch
@@ -196,4 +206,4 @@ alignment = T.alignment
 
 
 def emulate(spec: Spec, plan, inputs: dict):
-    return FORMAT.spmm(plan, inputs["x"], relu=spec.relu, out=T.DTYPE_LONG[spec.out])
+    return FORMAT.spmm(plan, inputs["x"], relu=spec.relu, out=long_name(spec.out))

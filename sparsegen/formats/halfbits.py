@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-HALF_DTYPES = ("float16", "bfloat16")
+from ..dtypes import HALF
 
 
 def round_bf16_bits(values) -> np.ndarray:
@@ -38,7 +38,7 @@ def to_bits(values, dtype: str) -> np.ndarray:
         return np.ascontiguousarray(np.asarray(values, dtype=np.float32).astype(np.float16)).view(np.uint16)
     if dtype == "bfloat16":
         return round_bf16_bits(values)
-    raise ValueError(f"dtype {dtype!r}: expected one of {HALF_DTYPES}")
+    raise ValueError(f"dtype {dtype!r}: expected one of {HALF}")
 
 
 def from_bits(bits, dtype: str) -> np.ndarray:
@@ -48,7 +48,7 @@ def from_bits(bits, dtype: str) -> np.ndarray:
         return bits.view(np.float16).astype(np.float32)
     if dtype == "bfloat16":
         return bf16_bits_to_float32(bits)
-    raise ValueError(f"dtype {dtype!r}: expected one of {HALF_DTYPES}")
+    raise ValueError(f"dtype {dtype!r}: expected one of {HALF}")
 
 
 def round_to(values, dtype: str) -> np.ndarray:

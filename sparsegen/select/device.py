@@ -147,7 +147,7 @@ def slug(name: str) -> str:
 def calibrated_path(props: dict, root: Path | None = None) -> Path:
     """Where `sparsegen calibrate` writes this device's rates: the cache, keyed by device name,
     CUDA driver version and sparsegen version."""
-    from .. import __version__
+    from .._version import __version__
     from ..cache import default_dir
 
     root = default_dir() if root is None else Path(root)

@@ -45,7 +45,7 @@ CSR_INDEX16_MAX_COLS = 32767  # sputnik_spmm's 16-bit column indices in fp16
 
 def rates_key(spec) -> str:
     """The tile rates of a spec: its family's, or bitmap's register-pair encoding's (".g2")."""
-    return spec.family + (".g2" if getattr(spec, "granule", 1) == 2 else "")
+    return spec.family + (".g2" if spec.family == bitmap.FAMILY and spec.granule == 2 else "")
 
 
 def build(stats, request: Request, family: str) -> tuple:
@@ -78,7 +78,7 @@ def spec_seconds(stats, request: Request, spec, tile_rates: TileRates | None = N
     """Predicted time of a tile spec on this matrix (see the module docstring)."""
     device = request.device
     rates, sms = device.rates, device.sm_count
-    cycles = kernel_cycles(stats, spec.family, getattr(spec, "granule", 1), spec.bn, spec.n_tiles, device, tile_rates)
+    cycles = kernel_cycles(stats, spec.family, spec.granule, spec.bn, spec.n_tiles, device, tile_rates)
     grid = spec.grid if spec.reduction == "stream" else spec.m_tiles * spec.n_tiles * spec.split_k
     h = rates.tiles.occupancy_h
     if spec.bn > T.NARROW_BN:  # wide blocks: the busiest SM's waves at its residency (T.wave_factor)

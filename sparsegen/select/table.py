@@ -13,7 +13,7 @@ from ..families import ORDER, spec_from_dict
 from ..families.base import KernelSpec, Request, Rule
 from . import policy
 
-RULES = tuple(rule for fam in ORDER for rule in policy.RULES.get(fam.FAMILY, getattr(fam, "RULES", ())))
+RULES = tuple(rule for fam in ORDER for rule in policy.RULES.get(fam.name, fam.rules))
 
 
 @dataclass(frozen=True)
