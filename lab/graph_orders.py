@@ -47,7 +47,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 
 import sparsegen
 from sparsegen import graph

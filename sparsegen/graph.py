@@ -257,11 +257,10 @@ def row_graph(csr, edge_limit: int = EDGE_LIMIT, classes=None) -> RowGraph:
     from 1 until the graph has at most 2 * `edge_limit` nodes and `edge_limit` edges, and scipy's
     product that finds them forms at most WORK_LIMIT column pairs (one node has no edge)."""
     cls = row_classes(csr) if classes is None else classes
-    m, n = csr.shape
-    count = int(cls.max()) + 1 if m else 0
-    first = np.zeros(count, np.int64)
-    first[cls[::-1]] = np.arange(m - 1, -1, -1, dtype=np.int64)  # the last write is the first row
-    reps = csr[first] if count else csr[:0]
+    n = csr.shape[1]
+    _, first = np.unique(cls, return_index=True)  # each pattern's first row
+    count = first.size
+    reps = csr[first]
     rep_rows = np.repeat(np.arange(count, dtype=np.int64), np.diff(reps.indptr))
     group = 1
     while True:
