@@ -127,8 +127,6 @@ def row_classes(csr, hashes=None) -> np.ndarray:
     own, so rows with different columns never share one. `hashes` (test hook): column -> (h1, h2).
     """
     m = csr.shape[0]
-    if m == 0:
-        return np.zeros(0, np.int64)
     indptr = np.asarray(csr.indptr, dtype=np.int64)
     cols = np.asarray(csr.indices[: indptr[-1]], dtype=np.int64)
     lengths = np.diff(indptr)
@@ -183,13 +181,9 @@ def _split_collisions(cls, rep, cols, indptr, lengths) -> np.ndarray:
 def _number_by_first_row(labels: np.ndarray) -> np.ndarray:
     """Labels renumbered 0.. in order of their first row (-1 stays -1)."""
     valid = labels >= 0
-    if not valid.any():
-        return labels.copy()
-    first = np.full(int(labels.max()) + 1, labels.size, np.int64)
+    first = np.full(int(labels.max(initial=-1)) + 1, labels.size, np.int64)
     np.minimum.at(first, labels[valid], np.flatnonzero(valid))
-    used = first < labels.size
-    rank = np.full(first.size, -1, np.int64)
-    rank[np.flatnonzero(used)[np.argsort(first[used], kind="stable")]] = np.arange(int(used.sum()))
+    rank = _inverse(np.argsort(first, kind="stable"))  # labels no row has sort last: none is skipped
     out = np.full(labels.size, -1, np.int64)
     out[valid] = rank[labels[valid]]
     return out

@@ -85,6 +85,13 @@ def test_no_nonzeros_no_components():
     assert c.count == 0 and (c.row_label == -1).all() and (c.col_label == -1).all()
 
 
+def test_component_tiles_are_the_smallest_that_fit():
+    a = sp.csr_matrix(np.pad(np.ones((40, 40), np.float32), ((0, 24), (0, 24))))  # one dense 40 x 40 block
+    c = graph.components(a, edge_limit=100)
+    assert c.tile == 4 and c.count == 1  # (40 / 4)**2 = 100 nonempty tiles; 2 x 2 tiles would be 400
+    assert (c.row_label[:40] == 0).all() and (c.row_label[40:] == -1).all()
+
+
 # ---- the row graph ----------------------------------------------------------------------------------
 
 def test_bandwidth_of_a_band_and_of_its_rows_permuted():
@@ -95,6 +102,13 @@ def test_bandwidth_of_a_band_and_of_its_rows_permuted():
     assert graph.bandwidth(shuffled) > 20
     assert graph.bandwidth(shuffled, np.argsort(p)) == 2  # undoing the permutation undoes it
     assert graph.bandwidth(shuffled, graph.rcm_order(shuffled)) == 2
+
+
+def test_bandwidth_of_a_wide_matrix_and_of_none():
+    a = pattern([[0, 9], [5], [9], [5, 8]], (4, 10))
+    assert graph.bandwidth(a) == 2  # column 9: rows 0 and 2; column 5: rows 1 and 3
+    assert graph.bandwidth(a, [0, 2, 1, 3]) == 1
+    assert graph.bandwidth(sp.csr_matrix((4, 10), dtype=np.float32)) == 0
 
 
 def test_rcm_reduces_the_bandwidth_of_a_band_of_separate_chains():
@@ -117,6 +131,7 @@ def test_rcm_keeps_linked_rows_together_and_puts_rows_without_a_neighbour_last()
 def test_identical_rows_are_one_class_numbered_by_first_row():
     a = pattern([[3, 5], [1], [3, 5], [], [1], [], [2, 5]], (7, 6))
     assert graph.row_classes(a).tolist() == [0, 1, 0, 2, 1, 2, 3]
+    assert graph.row_classes(a[:1]).tolist() == [0] and graph.row_classes(a[:0]).tolist() == []
 
 
 def test_a_hash_collision_never_merges_different_rows():
@@ -130,17 +145,36 @@ def test_a_hash_collision_never_merges_different_rows():
     assert cls[0] == cls[2] and len({cls[0], cls[1], cls[3]}) == 3
 
 
-def test_row_graph_coarsens_to_the_edge_limit():
-    a = random_csr(300, 300, 0.05, seed=4)
+def edges_of_groups(a, group: int) -> int:
+    """Edges of the row graph whose nodes are `group` consecutive rows (all rows distinct), by hand."""
+    nodes = np.zeros((-(-a.shape[0] // group), a.shape[1]), bool)
+    np.logical_or.at(nodes, np.arange(a.shape[0]) // group, a.toarray() != 0)
+    shared = nodes.astype(np.int64) @ nodes.T.astype(np.int64)
+    return int(np.count_nonzero(np.triu(shared, 1)))
+
+
+@pytest.mark.parametrize("limit", [675, 1000])
+def test_row_graph_coarsens_to_the_edge_limit(limit):
+    a = (random_csr(300, 300, 0.01, seed=4) + sp.eye(300, dtype=np.float32)).tocsr()  # rows all distinct
+    a.sort_indices()
+    # by hand: 2,182 edges; groups of 4 rows 1,487, of 8 rows 675
     full = graph.row_graph(a)
-    assert full.group == 1 and full.nodes == 300 and full.edges > 400
-    small = graph.row_graph(a, edge_limit=400)
-    assert small.group > 1 and small.edges <= 400 and small.nodes == -(-300 // small.group)
+    assert full.group == 1 and full.nodes == 300 and full.edges == edges_of_groups(a, 1) == 2182
+    small = graph.row_graph(a, edge_limit=limit)
+    assert small.group == 8 and small.nodes == 38 and small.edges == edges_of_groups(a, 8) == 675
+    assert edges_of_groups(a, 4) == 1487
     assert np.array_equal(small.node, np.arange(300) // small.group)  # patterns numbered by first row
     order = graph.rcm_order(a, small)
     assert sorted(order.tolist()) == list(range(300))
     # the rows of one node stay together, in their stored order
     assert (np.diff(small.node[order]) != 0).sum() == small.nodes - 1
+
+
+@pytest.mark.parametrize("rows,group", [(300, 4), (200, 2)])
+def test_row_graph_coarsens_to_twice_the_edge_limit_in_nodes(rows, group):
+    a = sp.eye(rows, format="csr", dtype=np.float32)  # patterns without an edge
+    g = graph.row_graph(a, edge_limit=50)
+    assert g.group == group and g.nodes == rows // group <= 100 < 2 * g.nodes and g.edges == 0
 
 
 def test_row_graph_weighs_edges_by_shared_columns():
@@ -150,8 +184,8 @@ def test_row_graph_weighs_edges_by_shared_columns():
 
 
 def test_pattern_order_sorts_by_first_column_last_column_length():
-    a = pattern([[4, 6], [1, 6], [1, 3], [], [1, 2, 3]], (5, 7))
-    assert graph.pattern_order(a).tolist() == [2, 4, 1, 0, 3]
+    a = pattern([[4, 6], [1, 6], [1, 3], [], [1, 2, 3], [5], [0], []], (8, 7))
+    assert graph.pattern_order(a).tolist() == [6, 2, 4, 1, 0, 5, 3, 7]  # empty rows last
 
 
 @pytest.mark.parametrize("n", [300, 10**7])  # a mark per (tile, column), and past O(nnz) a sort
@@ -173,6 +207,13 @@ def test_graph_stats_of_two_components():
     assert (g.empty_rows, g.empty_cols, g.row_classes) == (1, 1, 5)  # the empty row is a pattern too
     assert g.bandwidth == 3  # column 1: rows 1 and 4
     assert g.bandwidth_rcm == 1  # rows 0, 2 together and rows 1, 4 together
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (3, 5)])
+def test_graph_stats_of_matrices_without_nonzeros(shape):
+    g = graph.graph_stats(sp.csr_matrix(shape, dtype=np.float32))
+    assert (g.components, g.largest_rows, g.largest_cols, g.bandwidth, g.bandwidth_rcm) == (0, 0, 0, 0, 0)
+    assert (g.empty_rows, g.empty_cols, g.row_classes) == (shape[0], 5, min(shape[0], 1))
 
 
 def test_inspect_reports_the_graph(tmp_path, capsys):
