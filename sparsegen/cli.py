@@ -95,8 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run: copy each layer's weights just ahead of use (double buffered) instead of all resident")
     p.add_argument("--host-pruning", action="store_true",
                    help="run: compact the alive list on the host every layer (the 2020 code's way; for comparison)")
-    p.add_argument("--relabel", default="auto", choices=["auto", "always", "never"],
-                   help="run: relabel hidden neurons to shrink footprints (auto: when the first layers show it pays)")
+    p.add_argument("--relabel", default="auto", choices=["auto", "graph", "always", "never"],
+                   help="run: relabel hidden neurons to shrink footprints (auto: when the first layers show it pays; "
+                        "graph: likewise, each layer taking networkx's reverse Cuthill-McKee order where it "
+                        "touches fewer inputs)")
     p.add_argument("--block", type=int, default=None, help="run: output neurons per thread block (multiple of 32)")
     p.add_argument("--json", action="store_true", help="run: one JSON object (per-layer alive counts too)")
     p.add_argument("--neurons", type=int, default=1024, help="generate: neurons (16 * a power of two >= 512)")
@@ -202,10 +204,12 @@ def skinny_predictions(stats, request) -> tuple:
     return skinny_cost.compare(stats, request).predictions
 
 
-def inspect_record(args, stats, selection, predicted=(), device=None) -> dict:
+def inspect_record(args, stats, selection, predicted=(), device=None, graph=None) -> dict:
     d = stats.to_dict()
     record = {"file": str(args.file)}
     record.update(d)
+    if graph is not None:
+        record["graph"] = graph.to_dict()
     if device is not None:
         record["device"] = device.describe()
     record["request"] = {"op": args.op, "n": _n(args), "k": args.k,
@@ -219,7 +223,22 @@ def inspect_record(args, stats, selection, predicted=(), device=None) -> dict:
     return record
 
 
-def format_stats(path, stats, selection, predicted=(), device=None) -> str:
+def graph_lines(g) -> list[str]:
+    """The graph section of `inspect`: components, and the row graph's bandwidth (sparsegen/graph.py)."""
+    count = f"{g.components} component{'' if g.components == 1 else 's'}"
+    if g.component_tile > 1:
+        count = f"at least {count} (found on {g.component_tile}x{g.component_tile} tiles)"
+    coarse = f", {g.group} patterns per node" if g.group > 1 else ""
+    return [
+        f"graph       {count} of rows and columns linked by nonzeros; largest {g.largest_rows} rows x "
+        f"{g.largest_cols} columns; {g.empty_rows} empty rows, {g.empty_cols} empty columns",
+        f"bandwidth   row graph (rows sharing a column): {g.bandwidth} as stored, {g.bandwidth_rcm} in reverse "
+        f"Cuthill-McKee order ({g.row_classes} distinct rows; networkx on {g.nodes} nodes, {g.edges} edges"
+        f"{coarse}; {g.seconds:.2f} s)",
+    ]
+
+
+def format_stats(path, stats, selection, predicted=(), device=None, graph=None) -> str:
     r, c = stats.row_lengths, stats.col_lengths
     pct = stats.row_length_percentiles
     fp = "; ".join(f"{f.block_rows} rows: mean {f.mean:.1f} max {f.max}" for f in stats.footprint)
@@ -234,6 +253,7 @@ def format_stats(path, stats, selection, predicted=(), device=None) -> str:
         f"ell pad     {stats.ell_padding:.3f} (sliced ELL, 32-row slices: stored / nonzero)",
         f"tiles       {t.tile_rows}x{t.tile_cols}: {t.tiles} tiles, {t.nonempty} nonempty, max nnz {t.max_nnz}, "
         f"mean nnz {t.mean_nnz:.2f}, {100 * t.dense_share:.2f} % over half dense",
+        *(graph_lines(graph) if graph is not None else []),
         f"structure   sha256:{stats.structure_hash}",
         *([f"device      {device.text}{'' if _gpu_here() else '  (no GPU here: the default device)'}"]
           if device is not None else []),
@@ -249,15 +269,18 @@ def format_stats(path, stats, selection, predicted=(), device=None) -> str:
 
 
 def cmd_inspect(args) -> int:
+    from .graph import graph_stats
+
     csr, stats, request, selection = _stats_and_selection(args)
     predicted = skinny_predictions(stats, request)
+    graph = graph_stats(csr)
     if args.json:
-        record = inspect_record(args, stats, selection, predicted, request.device)
+        record = inspect_record(args, stats, selection, predicted, request.device, graph)
         if args.source:
             record["source"] = _source(selection, stats, args)
         print(json.dumps(record, indent=2))
     else:
-        print(format_stats(args.file, stats, selection, predicted, request.device))
+        print(format_stats(args.file, stats, selection, predicted, request.device, graph))
         if args.source:
             print()
             print(_source(selection, stats, args))

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import scipy.sparse as sp
 
-from . import api
+from . import api, graph
+from .analyze import ell_padding
 from .errors import ShapeError
 from .families.spdnn_sliced_ell import default_block
 from .formats import sliced_ell
@@ -79,9 +80,10 @@ class SparseDNN:
                 raise ShapeError(f"layer {i + 1} takes {a.shape[1]} inputs but layer {i} has "
                                  f"{matrices[-1].shape[0]} outputs")
             matrices.append(a)
-        self.relabel = choose_relabeling(matrices, block or default_block(matrices[0].shape[0]), relabel)
+        tile = block or default_block(matrices[0].shape[0])
+        self.relabel = choose_relabeling(matrices, tile, relabel)
         if self.relabel.applied:
-            matrices, self.output_order = relabeled(matrices)
+            matrices, self.output_order = relabeled(matrices, tile, by_graph=relabel == "graph")
         else:
             self.output_order = None
         self.kernels = []
@@ -165,17 +167,26 @@ RELABEL_GAIN = 0.9  # relabel when the sampled footprints shrink to 90 % or less
 RELABEL_SAMPLE = 3  # layers sampled for the decision (a network repeats its kinds of layers)
 
 
-def row_order(a: sp.csr_matrix) -> np.ndarray:
-    """Rows sorted so that equal and similar rows share tiles: by first column, last column, length.
+def row_order(a: sp.csr_matrix, tile: int | None = None, by_graph: bool = False) -> np.ndarray:
+    """The layer's rows in the order whose tiles of `tile` rows touch the fewest inputs: sorted by
+    pattern (first column, last column, length); with `by_graph` (relabel="graph"), the reverse
+    Cuthill-McKee order of the row graph where that shrinks the summed tile footprint without adding
+    sliced-ELL padding (rule, probe data and why it is asked for, not the default:
+    docs/decisions/008-graph-orders.md).
 
     Relabeling a layer's output neurons is free: it permutes the next layer's inputs too, and a
     tile's footprint -- how many distinct inputs its rows touch -- does not change when inputs are
     renamed. So each layer's rows can be ordered for its own footprints alone."""
+    pattern = graph.pattern_order(a)
+    if not by_graph:
+        return pattern
+    tile = tile or default_block(a.shape[0])
+    rcm = graph.rcm_order(a)
     lengths = np.diff(a.indptr)
-    has = lengths > 0
-    first = np.where(has, a.indices[np.minimum(a.indptr[:-1], max(a.nnz - 1, 0))] if a.nnz else 0, a.shape[1])
-    last = np.where(has, a.indices[np.maximum(a.indptr[1:] - 1, 0)] if a.nnz else 0, a.shape[1])
-    return np.lexsort((lengths, last, first))
+    if (graph.footprint(a, tile, rcm) < graph.footprint(a, tile, pattern)
+            and ell_padding(lengths[rcm]) <= ell_padding(lengths[pattern])):
+        return rcm
+    return pattern
 
 
 def tile_footprint(a: sp.csr_matrix, tile: int) -> int:
@@ -189,26 +200,27 @@ def choose_relabeling(matrices, tile: int, mode) -> Relabeling:
         return Relabeling(False, "relabeling off")
     sample = matrices[:RELABEL_SAMPLE]
     before = sum(tile_footprint(a, tile) for a in sample)
-    after = sum(tile_footprint(a[row_order(a)], tile) for a in sample)
+    if mode not in (True, "always", "on", "auto", "graph"):
+        raise ShapeError(f"relabel must be 'auto', 'graph', 'always' or 'never', got {mode!r}")
+    after = sum(tile_footprint(a[row_order(a, tile, mode == "graph")], tile) for a in sample)
     if mode in (True, "always", "on"):
         return Relabeling(True, "relabeling asked for", before, after)
-    if mode != "auto":
-        raise ShapeError(f"relabel must be 'auto', 'always' or 'never', got {mode!r}")
     if len(matrices) > 1 and after <= RELABEL_GAIN * before:
         return Relabeling(True, f"footprints of the first {len(sample)} layers shrink {before} -> {after}",
                           before, after)
     return Relabeling(False, f"footprints would go {before} -> {after}: not worth it", before, after)
 
 
-def relabeled(matrices):
-    """Each layer's rows in `row_order`, and the next layer's columns in the same order. Returns the
-    new matrices and the final layer's order (new neuron i is original neuron order[i])."""
+def relabeled(matrices, tile: int | None = None, by_graph: bool = False):
+    """Each layer's rows in `row_order` for tiles of `tile` rows (default: the family's block), and
+    the next layer's columns in the same order. Returns the new matrices and the final layer's order
+    (new neuron i is original neuron order[i])."""
     out, previous = [], None
     for a in matrices:
         if previous is not None:
             a = a[:, previous].tocsr()
             a.sort_indices()
-        order = row_order(a)
+        order = row_order(a, tile, by_graph)
         a = a[order].tocsr()
         out.append(a)
         previous = order
