@@ -274,13 +274,14 @@ def _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, options) -> Requ
             raise UnsupportedError("sddmm has no epilogue: bias and relu apply to op='spmm'")
     opts = dict(options or {})
     if op == "spdnn_layer":
-        if bias is not None and np.ndim(bias) != 0:
-            raise ShapeError("spdnn_layer: bias must be one number for the whole layer")
+        if bias is not None and np.ndim(bias) > 1:
+            raise ShapeError("spdnn_layer: bias must be one number for the whole layer or one per output neuron")
         if bias_rule not in ("nonzero", "all"):
             raise ShapeError(f"bias_rule must be 'nonzero' or 'all', got {bias_rule!r}")
-        layer_bias = float(check_numbers(0.0 if bias is None else bias, "float32", "bias"))
+        vector = np.ndim(bias) == 1  # the vector itself travels in the plan (see compile)
+        layer_bias = float(check_numbers(0.0 if bias is None or vector else bias, "float32", "bias"))
         layer_cap = None if cap is None else float(check_numbers(cap, "float32", "cap"))
-        opts.update(bias=layer_bias, cap=layer_cap, bias_rule=bias_rule)
+        opts.update(bias=layer_bias, cap=layer_cap, bias_rule=bias_rule, **({"bias_vector": True} if vector else {}))
         bias = None
     return Request(op=op, n=int(n) if n is not None else None, k=int(k) if k is not None else None,
                    dtype=dtype, arch=arch,
@@ -316,8 +317,8 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
     op="sddmm" samples A·Bᵀ at the matrix's pattern: the callable takes A (rows, k) and B (cols, k)
     and returns the nnz values in the matrix's CSR order (the matrix's own values are not used).
     op="spdnn_layer" is one sparse DNN layer, min(max(Y·Aᵀ + bias, 0), cap), with A's rows the
-    output neurons; it runs inside `sparsegen.SparseDNN` (`bias` one number, `bias_rule` "nonzero"
-    as the Graph Challenge adds it, or "all"). `options` tunes the family (e.g. minibatch).
+    output neurons; it runs inside `sparsegen.SparseDNN` (`bias` one number or one per output neuron,
+    `bias_rule` "nonzero" as the Graph Challenge adds it, or "all"). `options` tunes the family.
     backend: "gpu", "emulate" (NumPy, exactly as the kernel reads the plan) or "auto" (GPU when
     there is one). Plans and cubins are cached (see README: Cache).
     tune=True (GPU only): compile every family that accepts the request, time each once on the GPU
@@ -348,7 +349,8 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
                                           bias_rule=bias_rule, options=opts, arch=arch, backend=backend,
                                           reproduce=reproduce, device=device))
     request = dataclasses.replace(request, device=device)  # the GPU selection plans for
-    bias_vec = _bias_vector(bias, csr.shape[0]) if op == "spmm" else None
+    vector = op == "spmm" or (op == "spdnn_layer" and np.ndim(bias) == 1)
+    bias_vec = _bias_vector(bias, csr.shape[0]) if vector else None
     cache = Cache()
 
     t = time.perf_counter()

@@ -34,8 +34,9 @@ from .io._text import Tokens, read_bytes
 
 __all__ = [
     "BIAS", "CAP", "WEIGHT", "ROW_NNZ", "MNIST_THRESHOLD", "BIAS_RULES", "Result",
-    "bias_for", "read_network", "read_inputs", "read_categories", "mnist_inputs", "generate_network",
+    "bias_for", "layer_biases", "read_network", "read_inputs", "read_categories", "mnist_inputs", "generate_network",
     "reference_inference", "categories_of", "check", "write_network", "write_inputs", "network_path",
+    "GeneratedNetwork",
 ]
 
 BIAS = {1024: -0.3, 4096: -0.35, 16384: -0.4, 65536: -0.45}
@@ -218,29 +219,56 @@ def generate_network(neurons: int, layers: int, seed: int = 0) -> list[sp.csr_ma
     b_k[i, j] != 0 iff (i - j) mod g in {0, d}; layer l uses k = ((l-1) mod K) + 1, and row r of layer
     l is row perm_c[r] of B_k, with one permutation per cycle c = (l-1) div K (cycle 0: identity;
     the others drawn in order from `default_rng(seed)`, so fewer layers give a prefix of more).
-    For N = 1024 layers 1..6 are exactly the official ones.
+    For N = 1024 layers 1..6 are exactly the official ones. `GeneratedNetwork` makes the same layers
+    one at a time, on demand.
     """
-    g = _groups(neurons)
-    if int(layers) != layers or layers < 0:
-        raise ValueError(f"layers must be a non-negative integer, not {layers!r}")
-    K = g.bit_length() - 1
-    rng = np.random.default_rng(seed)
-    residue = np.arange(neurons, dtype=np.int32) % g  # row r of B_k belongs to residue class r mod g
-    blocks = (np.arange(BLOCKS, dtype=np.int32) * g)[None, :, None]
-    out = []
-    for l in range(int(layers)):  # over layers
-        c, k = divmod(l, K)
-        if k == 0 and c > 0:
-            residue = rng.permutation(neurons).astype(np.int32) % g
-        a, b = residue, (residue - (1 << k)) % g  # the row's two column residues: i and i - d
+    return list(GeneratedNetwork(neurons, layers, seed))
+
+
+class GeneratedNetwork:
+    """`generate_network(neurons, layers, seed)` as a sequence that makes each layer when asked: a
+    network of thousands of large layers need not sit in memory, and it pickles as its three numbers
+    (worker processes make their own layers). network[i] is W_{i+1}."""
+
+    def __init__(self, neurons: int, layers: int, seed: int = 0):
+        self.groups = _groups(neurons)
+        if int(layers) != layers or layers < 0:
+            raise ValueError(f"layers must be a non-negative integer, not {layers!r}")
+        self.neurons, self.layers, self.seed = int(neurons), int(layers), seed
+        self._residues = [np.arange(self.neurons, dtype=np.int32) % self.groups]  # cycle 0: identity
+        self._rng = None
+
+    def __reduce__(self):
+        return GeneratedNetwork, (self.neurons, self.layers, self.seed)
+
+    def __len__(self) -> int:
+        return self.layers
+
+    def __iter__(self):
+        return (self[i] for i in range(self.layers))
+
+    def __getitem__(self, l: int) -> sp.csr_matrix:
+        if not -self.layers <= l < self.layers:
+            raise IndexError(f"layer {l} of a {self.layers}-layer network")
+        c, k = divmod(l % self.layers, self.groups.bit_length() - 1)
+        residue = self._residue(c)
+        blocks = (np.arange(BLOCKS, dtype=np.int32) * self.groups)[None, :, None]
+        a, b = residue, (residue - (1 << k)) % self.groups  # the row's two column residues: i and i - d
         pair = np.stack([np.minimum(a, b), np.maximum(a, b)], axis=1)  # sorted, so columns come sorted
         cols = (blocks + pair[:, None, :]).reshape(-1)  # column q*g + residue, q = 0..15
-        indptr = np.arange(0, ROW_NNZ * neurons + 1, ROW_NNZ, dtype=np.int32)
+        indptr = np.arange(0, ROW_NNZ * self.neurons + 1, ROW_NNZ, dtype=np.int32)
         w = sp.csr_matrix((np.full(len(cols), WEIGHT, np.float32), cols, indptr),
-                          shape=(neurons, neurons), copy=False)
+                          shape=(self.neurons, self.neurons), copy=False)
         w.has_canonical_format = True
-        out.append(w)
-    return out
+        return w
+
+    def _residue(self, cycle: int) -> np.ndarray:
+        """Row residues of a cycle: the cycle's permutation (drawn in order from the seed) mod g."""
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.seed)
+        while len(self._residues) <= cycle:  # over cycles not drawn yet
+            self._residues.append(self._rng.permutation(self.neurons).astype(np.int32) % self.groups)
+        return self._residues[cycle]
 
 
 def _groups(neurons) -> int:
@@ -269,15 +297,38 @@ class Result:
     alive_per_layer: tuple[int, ...]
 
 
-def reference_inference(layers, inputs, bias: float, cap: float = CAP, dtype=np.float32,
-                        bias_rule: str = "nonzero") -> Result:
-    """Y_{l+1} = min(max(Y_l W_l + b, 0), cap), sparse x sparse layer by layer (SciPy SpGEMM).
+def layer_biases(bias, widths) -> list[np.ndarray]:
+    """One bias per layer: `bias` is a number (every neuron of every layer) or a sequence with one entry
+    per layer, each a number or an array of that layer's output width (`widths[l]`). Returns float64
+    arrays, 0-d for a number; ShapeError naming the layer whose entry does not fit."""
+    widths = [int(w) for w in widths]
+    if not isinstance(bias, (list, tuple)) and np.ndim(bias) == 0:
+        entries = [bias] * len(widths)
+    else:
+        entries = list(bias)
+        if len(entries) != len(widths):
+            raise ShapeError(f"bias: expected a number or one entry per layer ({len(widths)}), got {len(entries)} entries")
+    out = []
+    for l, (b, m) in enumerate(zip(entries, widths), 1):
+        v = np.asarray(b)
+        if v.dtype.kind not in "biuf":
+            raise ShapeError(f"bias of layer {l}: expected real numbers, got {type(b).__name__} of dtype {v.dtype}")
+        if v.ndim > 1 or (v.ndim == 1 and v.shape != (m,)):
+            raise ShapeError(f"bias of layer {l}: expected a number or an array of its {m} output neurons, "
+                             f"got shape {v.shape}")
+        out.append(v.astype(np.float64))
+    return out
 
-    Inputs whose row becomes all zero are dropped after each layer, as the challenge's reference
-    does; that changes no answer, since a dead row stays dead (with b <= 0 a zero row maps to a zero
-    row under either rule; with b > 0 under "all" a row dies only when cap is 0, and then all do).
+
+def reference_inference(layers, inputs, bias, cap: float = CAP, dtype=np.float32,
+                        bias_rule: str = "nonzero") -> Result:
+    """Y_{l+1} = min(max(Y_l W_l + b_l, 0), cap), sparse x sparse layer by layer (SciPy SpGEMM).
+
+    `bias`: one number, or one entry per layer (a number, or an array over the layer's output neurons:
+    see `layer_biases`). Inputs whose row becomes all zero are dropped after each layer, as the
+    challenge's reference does; a dropped input stays dropped (its answer is no survival).
     bias_rule "nonzero" adds b to the structural nonzeros of Y W only (the challenge MATLAB reference:
-    `Z + logical(Z) .* b`); "all" adds it to every entry (dense semantics). They differ only for b > 0.
+    `Z + logical(Z) .* b`); "all" adds it to every entry (dense semantics). They differ only where b > 0.
     """
     if bias_rule not in BIAS_RULES:
         raise ValueError(f"bias_rule must be one of {', '.join(BIAS_RULES)}, not {bias_rule!r}")
@@ -289,16 +340,17 @@ def reference_inference(layers, inputs, bias: float, cap: float = CAP, dtype=np.
         raise ValueError(f"dtype must be float32 or float64, not {dt}")
     if not cap >= 0:
         raise ValueError(f"cap must be >= 0 (np.inf for none), not {cap}")
-    b, c = dt.type(bias), dt.type(cap)
+    biases = layer_biases(bias, [w.shape[1] for w in layers])
+    c = dt.type(cap)
     y = io.as_csr(inputs, dt)
     ids = np.arange(y.shape[0], dtype=np.int64)
     alive = []
-    for l, w in enumerate(layers, 1):  # over layers
+    for l, (w, b) in enumerate(zip(layers, biases), 1):  # over layers
         w = io.as_csr(w, dt)
         if w.shape[0] != y.shape[1]:
             raise ShapeError(f"layer {l} is {w.shape[0]} x {w.shape[1]}, but its input has {y.shape[1]} "
                              f"neurons (rows of W_l are input neurons)")
-        y = _activate(y @ w, b, c, bias_rule)
+        y = _activate(y @ w, b.astype(dt), c, bias_rule)
         keep = np.diff(y.indptr) > 0
         if not keep.all():
             y, ids = y[keep], ids[keep]
@@ -307,17 +359,18 @@ def reference_inference(layers, inputs, bias: float, cap: float = CAP, dtype=np.
     return Result(y, ids, tuple(alive))
 
 
-def _activate(z: sp.csr_matrix, b, cap, bias_rule: str) -> sp.csr_matrix:
-    """min(max(z + b, 0), cap) under the bias rule, as canonical-enough CSR without stored zeros."""
-    if bias_rule == "all" and b > 0:
-        # every entry, stored or not, becomes >= b > 0: the result is dense
+def _activate(z: sp.csr_matrix, b: np.ndarray, cap, bias_rule: str) -> sp.csr_matrix:
+    """min(max(z + b, 0), cap) under the bias rule (b: a number or one per column), as canonical-enough
+    CSR without stored zeros."""
+    if bias_rule == "all" and np.any(b > 0):
+        # every entry of a column whose bias is positive, stored or not, becomes > 0: go dense
         y = z.toarray()
         y += b
         np.clip(y, 0, cap, out=y)
         return sp.csr_matrix(y)
     # "all" with b <= 0 equals "nonzero": an unstored entry gives max(0 + b, 0) = 0 either way.
     z.eliminate_zeros()  # MATLAB's logical(Z): a product that cancels to 0 gets no bias
-    z.data += b
+    z.data += b if b.ndim == 0 else b[z.indices]
     np.clip(z.data, 0, cap, out=z.data)
     z.eliminate_zeros()  # the ReLU's zeros leave the structure, so dead rows are empty rows
     return z

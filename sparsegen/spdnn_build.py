@@ -1,0 +1,179 @@
+"""Building a sparse network: each layer prepared, relabeled, encoded, compiled and proven (or not) to
+fix the all-cap row -- in worker processes when the network is large.
+
+A layer's build is independent of the others except for relabeling, whose chain (each layer's row
+order renames the next layer's inputs) is cheap and stays in the calling process; the encodes, the
+fixed-point proofs and nvcc (one run per distinct spec: layers with equal specs share a cubin, and
+the cubin cache shares it between processes) go to a process pool. Workers make lazy layers
+themselves (`graphchallenge.GeneratedNetwork` pickles as three numbers), so a network of 4 G edges
+never sits in memory as matrices.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from . import api
+from .errors import ShapeError
+from .io import as_csr
+from .spdnn_converge import fixed_layer
+from .values import check_matrix, check_numbers
+
+PARALLEL_EDGES = 1 << 24  # below this many edges in all, worker start-up costs more than it saves
+WINDOW = 64  # layers in flight between the relabeling chain and the pool
+
+
+@dataclass(frozen=True)
+class LayerJob:
+    """What building layer `index` needs: its weights (`matrix`, or `source[index]` for a lazy source),
+    the relabeling around it (input order = the previous layer's row order, and its own), its bias
+    (in the given labels) and the compile request."""
+
+    index: int
+    matrix: object
+    source: object
+    convention: str
+    columns: np.ndarray | None
+    rows: np.ndarray | None
+    bias: np.ndarray
+    request: dict
+
+    def weights(self):
+        return self.matrix if self.matrix is not None else self.source[self.index]
+
+
+def prepare(w, index: int, convention: str) -> sp.csr_matrix:
+    """Layer `index` (0-based) as the kernels take it: float32 CSR, rows = output neurons, sorted."""
+    w = as_csr(w)
+    check_matrix(w, "float32", f"<layer {index + 1}>")  # the layer kernel stores weights as float32
+    a = w.T.tocsr() if convention == "challenge" else w.tocsr()
+    a.sort_indices()
+    return a
+
+
+def layer_bias(bias, index: int, outputs: int) -> np.ndarray:
+    """The layer's bias as float32: 0-d, or one per output neuron (ShapeError naming the layer)."""
+    b = check_numbers(bias, "float32", f"bias of layer {index + 1}")
+    if b.ndim > 1 or (b.ndim == 1 and b.shape != (outputs,)):
+        raise ShapeError(f"bias of layer {index + 1}: expected a number or an array of its {outputs} output "
+                         f"neurons, got shape {b.shape}")
+    return b.astype(np.float32)
+
+
+def build_layer(job: LayerJob, backend: str):
+    """(kernel, fixed) for one layer: relabeled, encoded and compiled; `fixed` says whether it
+    provably maps the all-cap row to itself (spdnn_converge.fixed_layer)."""
+    a = prepare(job.weights(), job.index, job.convention)
+    b = layer_bias(job.bias, job.index, a.shape[0])
+    if job.columns is not None:
+        a = a[:, job.columns].tocsr()
+        a.sort_indices()
+    if job.rows is not None:
+        a = a[job.rows].tocsr()
+        if b.ndim:
+            b = b[job.rows]
+    r = job.request
+    kernel = api.compile(a, op="spdnn_layer", bias=b if b.ndim else float(b), cap=r["cap"],
+                         bias_rule=r["bias_rule"], options=r["options"], backend=backend, arch=r["arch"],
+                         device=r["device"])
+    if r["cubin"]:
+        _ = kernel.cubin  # nvcc here, in the worker (once per distinct spec: the cubin cache shares it)
+    return kernel, fixed_layer(a, b, r["cap"], r["bias_rule"])
+
+
+def _build_in_worker(job: LayerJob):
+    return build_layer(job, "emulate")
+
+
+def _structure_in_worker(source, index: int, convention: str):
+    """The layer's pattern (indptr, indices), for the relabeling chain in the calling process."""
+    a = prepare(source[index], index, convention)
+    return a.indptr, a.indices, a.shape
+
+
+def next_order(indptr, indices, shape, previous) -> np.ndarray:
+    """The row order relabeling gives a layer whose inputs were renamed by `previous` (spdnn.row_order
+    of A[:, previous], built without scipy's column indexing)."""
+    from .spdnn import row_order
+
+    rows = np.diff(indptr)
+    if previous is not None:
+        inverse = np.empty_like(previous)
+        inverse[previous] = np.arange(previous.size, dtype=previous.dtype)
+        indices = inverse[indices]
+    a = sp.csr_matrix((np.ones(indices.size, np.float32), indices, indptr), shape=shape)
+    a.has_sorted_indices = previous is None
+    a.sort_indices()
+    assert np.array_equal(np.diff(a.indptr), rows)
+    return row_order(a)
+
+
+class Progress:
+    """`sparsegen: built layer i/L (s)` on stderr once a build has taken a second."""
+
+    def __init__(self, total: int, show: bool, what: str = "built layer"):
+        self.total, self.show, self.what, self.t0 = total, show, what, time.perf_counter()
+        self.shown = False
+
+    def __call__(self, done: int):
+        elapsed = time.perf_counter() - self.t0
+        if self.show and elapsed > 1.0 and (done == self.total or done % max(1, self.total // 100) == 0):
+            print(f"\rsparsegen: {self.what} {done}/{self.total} ({elapsed:.0f} s)", end="", file=sys.stderr,
+                  flush=True)
+            self.shown = True
+
+    def close(self):
+        if self.shown:
+            print(file=sys.stderr)
+
+
+def workers_for(layers, edges: int, workers: int | None) -> int:
+    """Processes for the build: `workers` when given, else one per CPU (at most 32) for large networks."""
+    if workers is not None:
+        return max(0, int(workers))
+    if edges < PARALLEL_EDGES:
+        return 0
+    return min(32, max(0, (os.cpu_count() or 1) - 1))
+
+
+def build(jobs_of, count: int, backend: str, workers: int, progress: Progress, chain=None):
+    """Every layer's (kernel, fixed) in order, and the relabeling orders. `jobs_of(l, orders)` makes layer l's job once the
+    relabeling chain has given `orders` up to l; `chain` (None: no relabeling) is (source, convention)."""
+    orders: list = []
+    results = [None] * count
+    if not workers:
+        for l in range(count):
+            if chain is not None:
+                orders.append(next_order(*_structure_in_worker(chain[0], l, chain[1]), orders[-1] if orders else None))
+            results[l] = build_layer(jobs_of(l, orders), backend)
+            progress(l + 1)
+        return results, orders
+    import multiprocessing
+
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        built, structures, done = {}, {}, 0
+        for l in range(count):  # over layers: the chain in order, the builds in the pool
+            if chain is not None:
+                for j in range(l, min(count, l + WINDOW)):
+                    if j not in structures:
+                        structures[j] = pool.submit(_structure_in_worker, chain[0], j, chain[1])
+                orders.append(next_order(*structures.pop(l).result(), orders[-1] if orders else None))
+            built[l] = pool.submit(_build_in_worker, jobs_of(l, orders))
+            while built and (built[min(built)].done() or len(built) > 4 * WINDOW):
+                j = min(built)
+                results[j] = built.pop(j).result()
+                done += 1
+                progress(done)
+        for j in sorted(built):
+            results[j] = built.pop(j).result()
+            done += 1
+            progress(done)
+    for kernel, _ in results:
+        kernel.backend = backend
+    return results, orders

@@ -1,0 +1,300 @@
+"""Converge (exact deduplication, the proven fixed point, per-neuron biases, widths that change) on
+the emulator and, in the GPU tier, on the device, against scipy and against converge="off"."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import sparsegen
+from sparsegen import graphchallenge as gc
+from sparsegen import spdnn_converge as cv
+from sparsegen.errors import ShapeError
+
+
+# ---- networks ------------------------------------------------------------------------------------
+
+def uneven_network(widths, seed, negative=0.2, low=0.05, high=0.5, sparsest=0.02):
+    """W_l (widths[l] x widths[l+1]) whose output neurons have uneven fan-in (from `sparsest` to 60 %
+    of the inputs), with a share `negative` of the weights negative."""
+    rng = np.random.default_rng(seed)
+    layers = []
+    for n_in, n_out in zip(widths[:-1], widths[1:]):
+        density = rng.uniform(sparsest, 0.6, n_out)
+        mask = rng.random((n_in, n_out)) < density[None, :]
+        mask[rng.integers(0, n_in, n_out), np.arange(n_out)] = True  # every output has an input
+        values = rng.uniform(low, high, (n_in, n_out))
+        values[rng.random((n_in, n_out)) < negative] *= -0.5
+        layers.append(sp.csr_matrix(np.where(mask, values, 0).astype(np.float32)))
+    return layers
+
+
+def neuron_biases(widths, seed, scale=0.3):
+    """Per-neuron biases of both signs, except one layer with a single number."""
+    rng = np.random.default_rng(seed)
+    out = [rng.uniform(-scale, scale, n).astype(np.float32) for n in widths[1:]]
+    out[1] = np.float32(-0.05)
+    return out
+
+
+def inputs_with_copies(count, neurons, seed, copies=10):
+    """Sparse non-negative inputs, `copies` of which repeat earlier ones exactly."""
+    rng = np.random.default_rng(seed)
+    y = (rng.random((count, neurons)) < 0.25) * rng.uniform(0.2, 1.0, (count, neurons))
+    y[-copies:] = y[rng.integers(0, count - copies, copies)]
+    return sp.csr_matrix(y.astype(np.float32))
+
+
+def saturating_network(width, layers, seed):
+    """Both-sign weights whose every output's weights sum to 1.1..1.4: rows climb slowly to the cap
+    and stay there."""
+    rng = np.random.default_rng(seed + 1)
+    out = []
+    for w in uneven_network([width] * (layers + 1), seed, negative=0.1, low=0.3, high=0.9, sparsest=0.25):
+        sums = np.asarray(w.sum(axis=0)).ravel()
+        out.append(sp.csr_matrix(w.multiply(rng.uniform(1.1, 1.4, width) / sums[None, :]), dtype=np.float32))
+    return out
+
+
+def bitwise(a, b):
+    return np.array_equal(np.asarray(a, np.float32).view(np.uint32), np.asarray(b, np.float32).view(np.uint32))
+
+
+def both(net, x, **kw):
+    return net.run(x, converge="auto", **kw), net.run(x, converge="off", **kw)
+
+
+# ---- the scipy reference with per-layer and per-neuron biases ---------------------------------
+
+def test_reference_takes_per_neuron_biases_of_both_signs():
+    widths = [30, 50, 20]
+    layers = uneven_network(widths, seed=1)
+    biases = neuron_biases(widths, seed=2)
+    x = inputs_with_copies(40, 30, seed=3)
+    r = gc.reference_inference(layers, x, biases, cap=2.0, dtype=np.float64)
+    y = x.toarray().astype(np.float64)
+    for w, b in zip(layers, biases):
+        z = y @ w.toarray().astype(np.float64)
+        y = np.clip(np.where(z != 0, z + b, 0), 0, 2.0)
+    alive = np.flatnonzero((y > 0).any(axis=1))
+    assert np.array_equal(r.ids, alive) and np.allclose(r.features.toarray(), y[alive])
+    dense = gc.reference_inference(layers, x, [np.abs(biases[0]), biases[1]], cap=2.0, bias_rule="all")
+    assert dense.features.shape == (dense.ids.size, 20)
+    with pytest.raises(ShapeError, match="bias of layer 2: expected a number or an array of its 20"):
+        gc.reference_inference(layers, x, [biases[0], np.zeros(19)])
+    with pytest.raises(ShapeError, match="one entry per layer"):
+        gc.reference_inference(layers, x, [0.1])
+
+
+# ---- the emulator: exact with converge on and off --------------------------------------------------
+
+@pytest.mark.parametrize("bias_rule", ["nonzero", "all"])
+def test_non_challenge_network_matches_scipy_with_converge_on_and_off(bias_rule):
+    widths = [48, 80, 40, 64, 64, 32]
+    layers = uneven_network(widths, seed=4)
+    biases = neuron_biases(widths, seed=5)
+    x = inputs_with_copies(60, 48, seed=6)
+    net = sparsegen.SparseDNN(layers, bias=biases, cap=3.0, bias_rule=bias_rule, backend="emulate", progress=False)
+    assert net.neurons == 48 and net.outputs == 32 and net.width == 80
+    on, off = both(net, x)
+    ref = gc.reference_inference(layers, x, biases, cap=3.0, dtype=np.float64, bias_rule=bias_rule)
+    assert ref.ids.size > 10
+    assert np.array_equal(on.ids, ref.ids) and np.allclose(on.features, ref.features.toarray(), rtol=1e-5, atol=1e-5)
+    assert np.array_equal(on.ids, off.ids) and bitwise(on.features, off.features)
+    assert on.alive_per_layer == off.alive_per_layer == ref.alive_per_layer
+
+
+def test_network_built_to_converge_deduplicates_then_skips_exactly():
+    layers = saturating_network(40, 40, seed=7)
+    x = inputs_with_copies(80, 40, seed=8, copies=20)
+    net = sparsegen.SparseDNN(layers, bias=-0.01, cap=8.0, backend="emulate", progress=False)
+    assert all(net.fixed) and net.fixed_from == 0  # every layer provably maps the all-cap row to itself
+    on, off = both(net, x)
+    assert np.array_equal(on.ids, off.ids) and bitwise(on.features, off.features)
+    assert on.ids.size > 40 and np.all(on.features == 8.0)
+    assert on.alive_per_layer == off.alive_per_layer
+    assert any(on.skipped) and not any(off.skipped) and on.layers_run < 40
+    ran = [p for p in on.passes if p.ran]
+    assert ran and ran[0].removed >= 1  # the copies among the inputs, at least
+    assert on.rows_computed < off.rows_computed
+    first_skipped = on.skipped.index(True)
+    assert all(on.skipped[first_skipped:]) and all(d == 0 for d in on.distinct_per_layer[first_skipped:])
+    ref = gc.reference_inference(layers, x, -0.01, cap=8.0)
+    assert np.array_equal(on.ids, ref.ids) and bitwise(on.features, ref.features.toarray())
+    assert "layers ran, on" in on.summary() and on.per_layer()[0]["alive_inputs"] == on.alive_per_layer[0]
+
+
+def test_skipping_needs_the_proof_of_every_later_layer():
+    """The same kind of network with one last layer that does not fix the all-cap row: no layer may be
+    skipped before it, though the rows sit at the cap long before."""
+    layers = saturating_network(40, 40, seed=7)
+    last = layers[-1].toarray()
+    last[:, 0] = 0
+    last[5, 0] = 0.1  # neuron 0 of the last layer sums to 0.1: cap * 0.1 - 0.01 < cap
+    layers[-1] = sp.csr_matrix(last)
+    x = inputs_with_copies(80, 40, seed=8, copies=20)
+    net = sparsegen.SparseDNN(layers, bias=-0.01, cap=8.0, backend="emulate", progress=False)
+    assert net.fixed[:-1] == (True,) * 39 and net.fixed[-1] is False and net.fixed_from == 40
+    on, off = both(net, x)
+    assert not any(on.skipped) and on.ids.size > 40
+    assert np.array_equal(on.ids, off.ids) and bitwise(on.features, off.features)
+    assert on.rows_computed < off.rows_computed  # deduplication still pays
+    assert on.distinct_per_layer[-1] == 1  # every survivor's row is the same by then
+    assert np.all(on.features[:, 1:] == 8.0) and np.all(on.features[:, 0] < 8.0)
+
+
+def test_official_network_converges_at_the_all_cap_row(data_dir):
+    d = data_dir / "graphchallenge"
+    layers = gc.read_network(d)
+    x = gc.read_inputs(d / "sparse-images-1024-first1200.tsv.gz", 1024)
+    net = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="emulate", progress=False)
+    assert net.fixed_from == 0
+    on, off = both(net, x)
+    assert on.categories.tolist() == np.loadtxt(d / "categories-first1200.tsv", dtype=int).tolist()
+    assert np.array_equal(on.ids, off.ids) and bitwise(on.features, off.features)
+    assert on.alive_per_layer == off.alive_per_layer
+    assert on.layers_run < 30 and on.distinct_per_layer[on.layers_run - 1] <= 2
+
+
+def test_every_input_dies_and_the_rest_is_skipped():
+    layers = saturating_network(32, 12, seed=10)
+    net = sparsegen.SparseDNN(layers, bias=-1000.0, cap=2.0, backend="emulate", progress=False)
+    r = net.run(inputs_with_copies(20, 32, seed=11))
+    assert r.ids.size == 0 and r.features.shape == (0, 32)
+    assert r.alive_per_layer == (0,) * 12 and r.skipped == (False,) + (True,) * 11
+
+
+def test_a_network_without_a_cap_never_skips():
+    layers = saturating_network(32, 10, seed=12)
+    net = sparsegen.SparseDNN(layers, bias=0.1, cap=None, backend="emulate", progress=False)
+    assert net.fixed_from == 10
+    on, off = both(net, inputs_with_copies(30, 32, seed=13, copies=12))
+    assert not any(on.skipped) and np.array_equal(on.ids, off.ids) and bitwise(on.features, off.features)
+    assert sum(p.removed for p in on.passes) >= 1
+
+
+# ---- the pieces ---------------------------------------------------------------------------------------
+
+def test_dedup_merges_equal_rows_only_and_carries_weights():
+    z = np.array([[1, 2], [3, 4], [1, 2], [0, 0], [3, 4], [1, 2.0000002]], np.float32)
+    keep = np.array([True, True, True, False, True, True])
+    slots = np.array([10, 11, 12, 13, 14, 15])
+    parent, weight = np.arange(16), np.ones(16, np.int64)
+    weight[12] = 5  # row 12 already stands for five inputs
+    assert cv._dedup(z, keep, slots, parent, weight) == 2
+    assert keep.tolist() == [True, True, False, False, False, True]
+    assert parent[12] == 10 and parent[14] == 11 and parent[15] == 15
+    assert weight[10] == 6 and weight[11] == 2
+    z2 = np.array([[0.0], [-0.0]], np.float32)  # equal as numbers, not as bits: kept apart
+    assert cv._dedup(z2, np.array([True, True]), np.array([0, 1]), np.arange(2), np.ones(2, np.int64)) == 0
+
+
+def test_expand_follows_parents_to_the_root():
+    trace = cv.Trace(None, None, 5, np.array([1, 4]), np.array([0, 1, 1, 2, 4, 4]), None)
+    ids, feats = cv.expand(trace, np.array([[1.0], [4.0]], np.float32), 6)
+    assert ids.tolist() == [1, 2, 3, 4, 5] and feats.ravel().tolist() == [1, 1, 1, 4, 4]
+
+
+def test_the_pass_gate_and_back_off():
+    assert cv.gate(3, 10, 1, 0) == 2 and cv.gate(9, 10, 5, 0) == 3 and cv.gate(3, 10, 5, 8) == 4
+    assert cv.gate(7, 10, 5, 4) == 1
+    assert cv.back_off(3, 80, 10, 4) == (cv.DEDUP_EVERY, 3 + cv.DEDUP_EVERY)  # removed 1/8: pays
+    assert cv.back_off(3, 80, 9, 4) == (8, 11) and cv.back_off(3, 80, 0, 256) == (256, 259)
+    assert [l for l in range(12) if cv.is_candidate(l, 12)] == [3, 7]
+
+
+def test_fixed_point_proof_on_challenge_layers_and_at_the_edges(examples_dir):
+    w = sparsegen.load(examples_dir / "n1024-l1.tsv.gz", shape=(1024, 1024))
+    a = w.T.tocsr()
+    assert cv.fixed_layer(a, -0.3, 32.0, "nonzero")
+    assert not cv.fixed_layer(a, -32.1, 32.0, "nonzero")  # 64 - 32.1 < 32
+    assert not cv.fixed_layer(a, -0.3, None, "nonzero") and not cv.fixed_layer(a, -0.3, 0.0, "nonzero")
+    empty = sp.csr_matrix((2, 3), dtype=np.float32)
+    assert not cv.fixed_layer(empty, 5.0, 2.0, "nonzero")  # no product: the nonzero rule adds no bias
+    assert cv.fixed_layer(empty, 5.0, 2.0, "all") and not cv.fixed_layer(empty, 1.0, 2.0, "all")
+    bias = np.full(1024, -0.3, np.float32)
+    bias[7] = -40.0  # one neuron that does not reach the cap
+    assert not cv.fixed_layer(a, bias, 32.0, "nonzero")
+    assert cv.fixed_from([False, True, False, True, True]) == 3 and cv.fixed_from([True] * 3) == 0
+    assert cv.fixed_from([True, False]) == 2
+
+
+def test_fixed_point_proof_is_never_fooled_by_rounding():
+    """Rows whose exact sum reaches the threshold only by less than a rounding are refused; where the
+    proof says yes, fp32 sums in many orders (fma-like: one rounding per term) all reach it."""
+    rng = np.random.default_rng(14)
+    cap = np.float32(1.5)
+    for trial in range(200):
+        k = int(rng.integers(1, 40))
+        w = rng.uniform(-0.3, 1.0, k).astype(np.float32)
+        s = float(np.sum(w.astype(np.float64)))
+        target = 1.0 - s  # bias that makes cap*s + b == cap exactly, give or take the slack below
+        b = np.float32(cap * target + rng.choice([-1e-6, 0.0, 1e-6, 1e-4, 1e-2]) * cap)
+        a = sp.csr_matrix((w, (np.zeros(k, int), np.arange(k))), shape=(1, k))
+        proven = cv.fixed_layer(a, b, float(cap), "all")
+        if proven:
+            for _ in range(20):
+                acc = np.float32(0)
+                for t in rng.permutation(k):
+                    acc = np.float32(np.float64(acc) + np.float64(w[t]) * np.float64(cap))
+                assert min(max(np.float32(acc + b), 0), cap) == cap
+        if cap * s + float(b) < float(cap) * (1 + 2.0 ** -24):  # within one rounding of the threshold
+            assert not proven, (k, s, b)
+        if cap * s + float(b) > float(cap) * (1 + 2.0 ** -16) and np.all(w > 0):
+            assert proven, (k, s, b)  # and not so timid that a clear margin is refused
+
+
+def test_relabeling_chain_matches_relabeled():
+    from sparsegen.spdnn import relabeled
+    from sparsegen.spdnn_build import next_order
+
+    a = [w.T.tocsr() for w in gc.generate_network(4096, 4, seed=1)]
+    out, last = relabeled(a)
+    orders = []
+    for m in a:
+        orders.append(next_order(m.indptr, m.indices, m.shape, orders[-1] if orders else None))
+    assert np.array_equal(orders[-1], last)
+    for l in range(1, 4):
+        assert (out[l] != a[l][orders[l]][:, orders[l - 1]]).nnz == 0
+
+
+def test_relabeled_network_with_neuron_biases_puts_them_back():
+    layers = gc.generate_network(4096, 4, seed=1)
+    rng = np.random.default_rng(15)
+    biases = [rng.uniform(-0.6, 0.1, 4096).astype(np.float32) for _ in range(4)]
+    x = sp.csr_matrix((rng.random((30, 4096)) < 0.3).astype(np.float32))
+    moved = sparsegen.SparseDNN(layers, bias=biases, backend="emulate", relabel="always", progress=False)
+    plain = sparsegen.SparseDNN(layers, bias=biases, backend="emulate", relabel="never", progress=False)
+    r1, r2 = moved.run(x), plain.run(x)
+    ref = gc.reference_inference(layers, x, biases)
+    assert ref.ids.size > 3
+    assert np.array_equal(r1.ids, ref.ids) and np.array_equal(r2.ids, ref.ids)
+    assert np.allclose(r1.features, ref.features.toarray(), atol=1e-4)
+    assert np.allclose(r1.features, r2.features, atol=1e-4)
+
+
+def test_layers_built_in_worker_processes_are_the_same():
+    layers = gc.GeneratedNetwork(1024, 6, seed=2)
+    x = sp.csr_matrix((np.random.default_rng(16).random((40, 1024)) < 0.1).astype(np.float32))
+    here = sparsegen.SparseDNN(layers, bias=-0.3, backend="emulate", workers=0, progress=False)
+    pool = sparsegen.SparseDNN(layers, bias=-0.3, backend="emulate", workers=2, relabel="always", progress=False)
+    chained = sparsegen.SparseDNN(layers, bias=-0.3, backend="emulate", workers=0, relabel="always", progress=False)
+    assert pool.workers == 2 and here.workers == 0
+    assert [k.spec.name for k in pool.kernels] == [k.spec.name for k in chained.kernels]
+    assert all(np.array_equal(p.plan.arrays["index"], c.plan.arrays["index"]) for p, c in zip(pool.kernels, chained.kernels))
+    a, b = here.run(x), pool.run(x)
+    assert np.array_equal(a.ids, b.ids) and np.allclose(a.features, b.features)
+    assert pool.fixed == here.fixed
+
+
+def test_generated_network_is_lazy_and_the_same():
+    lazy = gc.GeneratedNetwork(1024, 20, seed=3)
+    eager = gc.generate_network(1024, 20, seed=3)
+    import pickle
+
+    again = pickle.loads(pickle.dumps(lazy))
+    for l in (19, 0, 7, 12):
+        assert (lazy[l] != eager[l]).nnz == 0 and (again[l] != eager[l]).nnz == 0
+    assert len(lazy) == 20 and len(pickle.dumps(lazy)) < 200
+    with pytest.raises(IndexError):
+        lazy[20]
