@@ -239,10 +239,13 @@ def per_layer(traces, layers: int):
 
 
 def pass_records(traces) -> tuple:
-    """The candidate passes each batch decided (those of layers skipped on the way are left out)."""
+    """The candidate passes each batch decided. Left out: those over a single row, which the
+    converged tail (one launch for the last row's layers) does not make, and those of layers skipped
+    on the way, which the host launches only until it sees the skip: so the records do not depend
+    on how far the host ran ahead."""
     out = []
     for b, t in enumerate(traces):
-        for l in np.flatnonzero((t.passes[:, P_WHY] > 0) & (t.passes[:, P_WHY] != 5)):
+        for l in np.flatnonzero((t.passes[:, P_WHY] > 0) & ~np.isin(t.passes[:, P_WHY], (2, 5))):
             why, rows, removed, nxt = (int(v) for v in t.passes[l])
             out.append(Pass(int(l), why == 1, WHY[why], rows, removed, nxt, b))
     return tuple(out)

@@ -241,14 +241,16 @@ class _Launcher:
     """The launches of one batch, in order, with the host's watch on the device's progress."""
 
     def __init__(self, run: GpuRun, b: dict, rows: int, converge: bool, split: bool):
-        self.run, self.b, self.rows, self.converge, self.split = run, b, rows, converge, split
+        self.run, self.rows, self.converge, self.split = run, rows, converge, split
+        # prepared launches pack pointers as integers
+        self.b = {k: [int(p) for p in v] if isinstance(v, list) else int(v) for k, v in b.items()}
         self.drv = run.drv
         layers = len(run.layers)
         self.host_kept = np.zeros(layers, np.int64)
         self.host_alive = np.arange(rows, dtype=np.int32)
         self.fixed_from = np.int32(run.net.fixed_from if converge else -1)
-        self.c = [int(b["counts"]), int(b["counts"]) + 4]
-        self.ys, self.alives = [int(p) for p in b["y"]], [int(p) for p in b["alive"]]
+        self.c = [self.b["counts"], self.b["counts"] + 4]
+        self.ys, self.alives = self.b["y"], self.b["alive"]
         self.prune_grid = (min(-(-max(rows, 1) // SUPPORT_BLOCK), 8 * run.sms), 1, 1)
         self.dedup_grid = (min(-(-max(rows, 1) // (SUPPORT_BLOCK // 32)), 8 * run.sms), 1, 1)
         self.marks = []
@@ -337,7 +339,7 @@ class _Launcher:
         func, table_dev, table, smem = run.tail
         grid = min(int(table["tiles"][l:].max()), run.sms)
         block = int(table["block"][l:].max())
-        func.prepared_async_call((grid, 1, 1), (block, 1, 1), run.stream, table_dev, np.int32(l),
+        func.prepared_async_call((grid, 1, 1), (block, 1, 1), run.stream, int(table_dev), np.int32(l),
                                  np.int32(len(run.layers)), b["y"][0], b["y"][1], b["alive"][0], b["alive"][1],
                                  b["counts"], b["history"], b["state"], b["weight"], b["tail_flags"], b["barriers"],
                                  self.fixed_from, run.progress_ptr, shared_size=smem)

@@ -298,3 +298,151 @@ def test_generated_network_is_lazy_and_the_same():
     assert len(lazy) == 20 and len(pickle.dumps(lazy)) < 200
     with pytest.raises(IndexError):
         lazy[20]
+
+
+# ---- the generated source (TVM style) and its compilation ----------------------------------------
+
+def converge_specs():
+    from sparsegen.families.spdnn_sliced_ell import Spec
+
+    return [Spec(1024, 1024, 1024, 16, 20, 1024, 32, 1, 16, 0.0625, -0.3, 32.0, "nonzero"),
+            Spec(512, 300, 320, 8, 12, 512, 0, 0, 32, None, 0.1, None, "all", True)]
+
+
+def test_source_holds_the_converge_kernels_and_the_layout_the_driver_writes():
+    from sparsegen.render import render
+    from sparsegen.spdnn_gpu import LAYER_DESC
+
+    uniform, vector = (render(s) for s in converge_specs())
+    assert "#define BIAS_OF(o) (-0.3f)" in uniform and "#define OFF_CAP(z) ((z) != CAP)" in uniform
+    assert "#define BIAS_OF(o) ((o) < N_OUT ? __ldg(bias + (o)) : 0.0f)" in vector
+    assert "const float* __restrict__ bias," in vector and "const float* __restrict__ bias," not in uniform
+    assert "#define OFF_CAP(z) true" in vector  # no cap: never converged
+    for src in (uniform, vector):
+        # one barrier per minibatch for the flags, the device-side skip, the progress word
+        assert src.count("__syncthreads_or") == 2  # the tail's two votes; the layer kernel votes by warp
+        assert "skip = layer >= state[S_SKIP_FROM] || count == 0 ||" in src
+        assert "report(progress, layer, skip, count);" in src
+        assert "atomicCAS(keys + i, k, key) == k" in src and "if (__all_sync(0xffffffffu, same))" in src
+        assert "extern \"C\" __global__ void __launch_bounds__(1024)\nspdnn_tail(" in src
+    assert LAYER_DESC.itemsize == 80 and LAYER_DESC.fields["bias"][1] == 48
+    assert LAYER_DESC.fields["uniform_value"][1] == 56 and LAYER_DESC.fields["block"][1] == 76
+    assert "offsetof(LayerDesc, bias) == 48 && offsetof(LayerDesc, uniform_value) == 56" in uniform
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("which", [0, 1])
+def test_converge_kernels_compile_for_sm90(which):
+    from sparsegen import nvcc
+    from sparsegen.render import render
+
+    spec = converge_specs()[which]
+    assert nvcc.compile_cubin(render(spec), "sm_90", name=spec.name)[:4] == b"\x7fELF"
+
+
+# ---- GPU tier ---------------------------------------------------------------------------------------
+
+def tables(r):
+    return r.alive_per_layer, r.distinct_per_layer, r.skipped, r.passes
+
+
+@pytest.mark.gpu
+def test_gpu_official_network_converges_exactly(data_dir):
+    d = data_dir / "graphchallenge"
+    layers = gc.read_network(d)
+    x = gc.read_inputs(d / "sparse-images-1024-first1200.tsv.gz", 1024)
+    emu = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="emulate", progress=False).run(x)
+    net = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="gpu", progress=False)
+    expected = np.loadtxt(d / "categories-first1200.tsv", dtype=int).tolist()
+    off = net.run(x, converge="off")
+    assert off.categories.tolist() == expected and not any(off.skipped)
+    for mode in ({}, {"split": True}, {"weights": "streamed"}, {"batch": 500}):
+        on = net.run(x, **mode)
+        assert on.categories.tolist() == expected, mode
+        assert bitwise(on.features, off.features) and on.alive_per_layer == off.alive_per_layer, mode
+        if "batch" not in mode:  # one batch: the device takes the emulator's decisions
+            assert tables(on) == tables(emu), mode
+            assert on.layers_run < 30 and sum(on.launches["layers_launched"]) < 120, mode
+    host = net.run(x, prune="host")
+    assert host.converge == "off" and bitwise(host.features, off.features)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias_rule", ["nonzero", "all"])
+def test_gpu_non_challenge_network_matches_scipy(bias_rule):
+    widths = [48, 80, 40, 64, 64, 32]
+    layers = uneven_network(widths, seed=4)
+    biases = neuron_biases(widths, seed=5)
+    x = inputs_with_copies(61, 48, seed=6)
+    ref = gc.reference_inference(layers, x, biases, cap=3.0, dtype=np.float64, bias_rule=bias_rule)
+    for options in ({}, {"block": 32, "minibatch": 8}, {"unroll": False}):
+        net = sparsegen.SparseDNN(layers, bias=biases, cap=3.0, bias_rule=bias_rule, backend="gpu", progress=False,
+                                  **options)
+        on, off = both(net, x)
+        assert np.array_equal(on.ids, ref.ids), options
+        assert np.allclose(on.features, ref.features.toarray(), rtol=1e-5, atol=1e-5), options
+        assert np.array_equal(on.ids, off.ids) and bitwise(on.features, off.features), options
+        assert on.alive_per_layer == off.alive_per_layer == ref.alive_per_layer, options
+
+
+@pytest.mark.gpu
+def test_gpu_network_built_to_converge_deduplicates_and_skips():
+    layers = saturating_network(40, 40, seed=7)
+    x = inputs_with_copies(80, 40, seed=8, copies=20)
+    emu = sparsegen.SparseDNN(layers, bias=-0.01, cap=8.0, backend="emulate", progress=False).run(x)
+    net = sparsegen.SparseDNN(layers, bias=-0.01, cap=8.0, backend="gpu", progress=False)
+    on, off = both(net, x)
+    assert np.array_equal(on.ids, off.ids) and bitwise(on.features, off.features) and np.all(on.features == 8.0)
+    assert tables(on) == tables(emu) and any(p.ran and p.removed for p in on.passes)
+    ref = gc.reference_inference(layers, x, -0.01, cap=8.0)
+    assert np.array_equal(on.ids, ref.ids)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("options", [{}, {"block": 64}], ids=["one-tile", "four-tiles"])
+def test_gpu_converged_tail_runs_the_last_row_in_one_launch(monkeypatch, options):
+    """A network whose rows all become one (not provably fixed: its last layer does not fix the
+    all-cap row), with a long tail: the host hands the layers left to spdnn_tail; with tiles of 64
+    neurons the tail's blocks meet at grid barriers."""
+    from sparsegen import spdnn_converge
+
+    monkeypatch.setattr(spdnn_converge, "RUN_AHEAD", 1)  # the host waits for the device's every report
+    layers = saturating_network(256, 150, seed=7)
+    last = layers[-1].toarray()
+    last[:, 0] = 0
+    last[5, 0] = 0.1
+    layers[-1] = sp.csr_matrix(last)
+    x = inputs_with_copies(80, 256, seed=8, copies=20)
+    emu = sparsegen.SparseDNN(layers, bias=-0.01, cap=8.0, backend="emulate", progress=False).run(x)
+    net = sparsegen.SparseDNN(layers, bias=-0.01, cap=8.0, backend="gpu", progress=False, **options)
+    on, off = both(net, x)
+    assert on.launches["tail_from"] and on.launches["tail_from"][0] < 140, on.launches
+    assert np.array_equal(on.ids, off.ids) and bitwise(on.features, off.features)
+    assert tables(on) == tables(emu) and not any(on.skipped)
+    ref = gc.reference_inference(layers, x, -0.01, cap=8.0)
+    assert np.array_equal(on.ids, ref.ids) and np.allclose(on.features, ref.features.toarray(), atol=1e-5)
+
+
+# ---- the command line ---------------------------------------------------------------------------------
+
+def test_cli_reports_the_distinct_rows_and_the_per_layer_table(tmp_path, examples_dir, capsys):
+    import json
+
+    from sparsegen.cli import main
+
+    gc.write_network(gc.generate_network(1024, 40), tmp_path)  # the official kind: converges at the cap
+    inputs = str(examples_dir / "sparse-images-1024-first64.tsv.gz")
+    base = ["spdnn", "run", "--weights", str(tmp_path), "--inputs", inputs, "--backend", "emulate", "--bias", "-0.25"]
+    assert main(base) == 0
+    text = capsys.readouterr().out
+    line = next(l for l in text.splitlines() if l.startswith("converge    "))
+    assert " of 40 layers ran, on " in line and "distinct rows" in line and line.endswith("converge auto")
+    assert main(base + ["--json"]) == 0
+    on = json.loads(capsys.readouterr().out)
+    assert main(base + ["--json", "--converge", "off"]) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert on["categories"] == off["categories"] and on["alive_per_layer"] == off["alive_per_layer"]
+    assert [r["alive_inputs"] for r in on["per_layer"]] == on["alive_per_layer"]
+    assert any(r["skipped"] for r in on["per_layer"]) and not any(r["skipped"] for r in off["per_layer"])
+    assert on["rows_computed"] < off["rows_computed"] and off["converge"] == "off" and on["survivors"] > 3
+    assert set(on["per_layer"][0]) == {"layer", "alive_inputs", "distinct_rows", "skipped"}
