@@ -34,7 +34,7 @@ from .io._text import Tokens, read_bytes
 
 __all__ = [
     "BIAS", "CAP", "WEIGHT", "ROW_NNZ", "MNIST_THRESHOLD", "BIAS_RULES", "Result",
-    "bias_for", "layer_biases", "read_network", "read_inputs", "read_categories", "mnist_inputs", "generate_network",
+    "bias_for", "layer_biases", "check_layer_bias", "read_network", "read_inputs", "read_categories", "mnist_inputs", "generate_network",
     "reference_inference", "categories_of", "check", "write_network", "write_inputs", "network_path",
     "GeneratedNetwork",
 ]
@@ -165,8 +165,9 @@ def _with_shape(a: sp.csr_matrix, shape) -> sp.csr_matrix:
 # ---------------------------------------------------------------------------------------------- inputs
 
 def mnist_inputs(images_idx_path, side: int = 32, count: int | None = None,
-                 threshold: float = MNIST_THRESHOLD) -> sp.csr_matrix:
-    """Challenge-like inputs from MNIST images: (count x side**2) float32 CSR of 1.0s.
+                 threshold: float = MNIST_THRESHOLD, start: int = 0) -> sp.csr_matrix:
+    """Challenge-like inputs from MNIST images: (count x side**2) float32 CSR of 1.0s (images
+    start..count-1 when `start` is given, so that workers can share the images out).
 
     The recipe that best reproduces the official `sparse-images-1024` (see the MNIST data README):
     x = uint8 / 255, resampled 28 -> side on both axes by FFT (`scipy.signal.resample`, MATLAB
@@ -181,9 +182,12 @@ def mnist_inputs(images_idx_path, side: int = 32, count: int | None = None,
     # order="F" flattens each image transposed, so a reshape gives x[k, c, r]: resampling both axes
     # and flattening row-major then yields index c*side + r, the challenge's column-major order.
     x = io.load(images_idx_path, limit=count, order="F", dtype=np.float64)  # pixel/255, rounded once
+    if count is not None and x.shape[0] < count:
+        raise FormatError(images_idx_path, None, f"at least {count} images", f"{x.shape[0]}")
+    if not 0 <= int(start) <= x.shape[0]:
+        raise ValueError(f"start must be between 0 and {x.shape[0]}, not {start!r}")
+    x = x[int(start):]
     k = x.shape[0]
-    if count is not None and k < count:
-        raise FormatError(images_idx_path, None, f"at least {count} images", f"{k}")
     src = math.isqrt(x.shape[1])
     if src * src != x.shape[1]:
         raise FormatError(images_idx_path, None, "square images", f"{x.shape[1]} pixels per image")
@@ -262,6 +266,23 @@ class GeneratedNetwork:
         w.has_canonical_format = True
         return w
 
+    def transposed(self, l: int) -> sp.csr_matrix:
+        """W_{l+1}^T (rows = output neurons) made directly, without a transpose: output j = q*g + t
+        takes the inputs whose residue is t or t + d (mod g), 16 of each, the same for every q."""
+        if not -self.layers <= l < self.layers:
+            raise IndexError(f"layer {l} of a {self.layers}-layer network")
+        g = self.groups
+        c, k = divmod(l % self.layers, g.bit_length() - 1)
+        by_residue = np.argsort(self._residue(c), kind="stable").astype(np.int32).reshape(g, BLOCKS)
+        t = np.arange(g)
+        pattern = np.sort(np.hstack([by_residue, by_residue[(t + (1 << k)) % g]]), axis=1)  # (g, 32)
+        cols = np.tile(pattern, (BLOCKS, 1)).reshape(-1)
+        indptr = np.arange(0, ROW_NNZ * self.neurons + 1, ROW_NNZ, dtype=np.int32)
+        a = sp.csr_matrix((np.full(cols.size, WEIGHT, np.float32), cols, indptr), shape=(self.neurons, self.neurons),
+                          copy=False)
+        a.has_canonical_format = True
+        return a
+
     def _residue(self, cycle: int) -> np.ndarray:
         """Row residues of a cycle: the cycle's permutation (drawn in order from the seed) mod g."""
         if self._rng is None:
@@ -297,27 +318,25 @@ class Result:
     alive_per_layer: tuple[int, ...]
 
 
-def layer_biases(bias, widths) -> list[np.ndarray]:
+def layer_biases(bias, count: int) -> list[np.ndarray]:
     """One bias per layer: `bias` is a number (every neuron of every layer) or a sequence with one entry
-    per layer, each a number or an array of that layer's output width (`widths[l]`). Returns float64
-    arrays, 0-d for a number; ShapeError naming the layer whose entry does not fit."""
-    widths = [int(w) for w in widths]
+    per layer, each a number or an array over that layer's output neurons (`check_layer_bias`)."""
     if not isinstance(bias, (list, tuple)) and np.ndim(bias) == 0:
-        entries = [bias] * len(widths)
-    else:
-        entries = list(bias)
-        if len(entries) != len(widths):
-            raise ShapeError(f"bias: expected a number or one entry per layer ({len(widths)}), got {len(entries)} entries")
-    out = []
-    for l, (b, m) in enumerate(zip(entries, widths), 1):
-        v = np.asarray(b)
-        if v.dtype.kind not in "biuf":
-            raise ShapeError(f"bias of layer {l}: expected real numbers, got {type(b).__name__} of dtype {v.dtype}")
-        if v.ndim > 1 or (v.ndim == 1 and v.shape != (m,)):
-            raise ShapeError(f"bias of layer {l}: expected a number or an array of its {m} output neurons, "
-                             f"got shape {v.shape}")
-        out.append(v.astype(np.float64))
-    return out
+        return [np.asarray(bias, np.float64)] * count
+    entries = list(bias)
+    if len(entries) != count:
+        raise ShapeError(f"bias: expected a number or one entry per layer ({count}), got {len(entries)} entries")
+    return [np.asarray(b) for b in entries]
+
+
+def check_layer_bias(b: np.ndarray, layer: int, width: int) -> np.ndarray:
+    """Layer `layer`'s bias (1-based in messages) as float64, 0-d or one per its `width` outputs."""
+    if b.dtype.kind not in "biuf":
+        raise ShapeError(f"bias of layer {layer}: expected real numbers, got dtype {b.dtype}")
+    if b.ndim > 1 or (b.ndim == 1 and b.shape != (width,)):
+        raise ShapeError(f"bias of layer {layer}: expected a number or an array of its {width} output neurons, "
+                         f"got shape {b.shape}")
+    return b.astype(np.float64)
 
 
 def reference_inference(layers, inputs, bias, cap: float = CAP, dtype=np.float32,
@@ -332,24 +351,25 @@ def reference_inference(layers, inputs, bias, cap: float = CAP, dtype=np.float32
     """
     if bias_rule not in BIAS_RULES:
         raise ValueError(f"bias_rule must be one of {', '.join(BIAS_RULES)}, not {bias_rule!r}")
-    layers = list(layers)
-    if not layers:
+    layers = layers if hasattr(layers, "__getitem__") and hasattr(layers, "__len__") else list(layers)
+    if not len(layers):
         raise ValueError("reference_inference needs at least one layer")
     dt = np.dtype(dtype)
     if dt.kind != "f" or dt.itemsize < 4:  # scipy.sparse has no float16 products
         raise ValueError(f"dtype must be float32 or float64, not {dt}")
     if not cap >= 0:
         raise ValueError(f"cap must be >= 0 (np.inf for none), not {cap}")
-    biases = layer_biases(bias, [w.shape[1] for w in layers])
+    biases = layer_biases(bias, len(layers))
     c = dt.type(cap)
     y = io.as_csr(inputs, dt)
     ids = np.arange(y.shape[0], dtype=np.int64)
     alive = []
-    for l, (w, b) in enumerate(zip(layers, biases), 1):  # over layers
-        w = io.as_csr(w, dt)
+    for l in range(1, len(layers) + 1):  # over layers (a lazy network makes each one here)
+        w = io.as_csr(layers[l - 1], dt)
         if w.shape[0] != y.shape[1]:
             raise ShapeError(f"layer {l} is {w.shape[0]} x {w.shape[1]}, but its input has {y.shape[1]} "
                              f"neurons (rows of W_l are input neurons)")
+        b = check_layer_bias(biases[l - 1], l, w.shape[1])
         y = _activate(y @ w, b.astype(dt), c, bias_rule)
         keep = np.diff(y.indptr) > 0
         if not keep.all():

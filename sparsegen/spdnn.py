@@ -23,12 +23,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import api
+from . import graphchallenge as gc
 from . import spdnn_converge as cv
 from .errors import ShapeError
 from .families.spdnn_sliced_ell import default_block, layer_bias
 from .formats import sliced_ell
 from .io import as_csr
-from .spdnn_build import LayerJob, Progress, build, prepare, workers_for
+from .spdnn_build import LayerJob, Progress, build, layer_matrix, workers_for
 from .values import check_matrix, check_numbers
 
 
@@ -99,14 +100,15 @@ class SparseDNN:
     bias: one number, or one entry per layer, each a number or an array over the layer's outputs.
     converge: "auto" (deduplicate rows, skip layers proven to fix the converged rows, run the last
     rows' layers in one launch) or "off"; exact either way. workers: processes that build the layers
-    (None: one per CPU for large networks, 0: none).
+    (None: one per CPU for large networks, 0: none). progress: None (a counter on a terminal), a bool,
+    or a callable(done, total, seconds).
     """
 
     def __init__(self, layers, bias, cap: float | None = 32.0, *, bias_rule: str = "nonzero",
                  convention: str = "challenge", backend: str = "auto", arch: str | None = None,
                  minibatch: int = 16, block: int | None = None, unroll: bool = True,
                  relabel: str = "auto", converge: str = "auto", workers: int | None = None,
-                 progress: bool | None = None):
+                 progress=None):
         count = len(layers)
         if not count:
             raise ShapeError("a network needs at least one layer")
@@ -115,13 +117,13 @@ class SparseDNN:
         self.cap = None if cap is None else float(check_numbers(cap, "float32", "cap"))
         self.bias_rule = bias_rule
         self.converge = cv.check_mode(converge)
-        biases = _per_layer(bias, count)
+        biases = [check_numbers(b, "float32", "bias") for b in gc.layer_biases(bias, count)]
         t0 = time.perf_counter()
         lazy = not isinstance(layers, (list, tuple))
         if not lazy:
             _check_chain(layers, convention)
         options = {"minibatch": minibatch, "unroll": unroll, **({"block": block} if block else {})}
-        sample = [prepare(layers[i], i, convention) for i in range(min(RELABEL_SAMPLE, count))]
+        sample = [layer_matrix(layers, i, convention) for i in range(min(RELABEL_SAMPLE, count))]
         self.relabel = choose_relabeling(sample, block or default_block(sample[0].shape[0]), relabel)
         backend = api._resolve_backend(backend)
         edges = sum(a.nnz for a in sample) * count // len(sample)
@@ -150,6 +152,11 @@ class SparseDNN:
         self.workers = pool
         self.compile_ms = 1e3 * (time.perf_counter() - t0)
         self.backend = self.kernels[0].backend
+
+    def release(self) -> None:
+        """Drop the layers' device copies now (a later GPU run uploads them again)."""
+        for k in self.kernels:
+            k._device_arrays = None
 
     @property
     def neurons(self) -> int:
@@ -238,16 +245,6 @@ class SparseDNN:
         trace, rows = cv.run(layer, x.toarray(), len(self.kernels), self.cap, self.fixed_from, converge)
         reps = cv.final_rows(trace, rows, len(self.kernels), self.outputs, self.cap)
         return [trace], [reps]
-
-
-def _per_layer(bias, count: int) -> list:
-    """`bias` as one entry per layer (each checked against its layer's width when the layer is built)."""
-    if not isinstance(bias, (list, tuple)) and np.ndim(bias) == 0:
-        return [np.asarray(check_numbers(bias, "float32", "bias"))] * count
-    entries = list(bias)
-    if len(entries) != count:
-        raise ShapeError(f"bias: expected a number or one entry per layer ({count}), got {len(entries)} entries")
-    return [np.asarray(b) for b in entries]
 
 
 def _check_chain(layers, convention: str) -> None:

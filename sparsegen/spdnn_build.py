@@ -20,7 +20,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import api
-from .errors import ShapeError
 from .io import as_csr
 from .spdnn_converge import fixed_layer
 from .values import check_matrix, check_numbers
@@ -44,8 +43,10 @@ class LayerJob:
     bias: np.ndarray
     request: dict
 
-    def weights(self):
-        return self.matrix if self.matrix is not None else self.source[self.index]
+    def prepared(self) -> sp.csr_matrix:
+        if self.matrix is not None:
+            return prepare(self.matrix, self.index, self.convention)
+        return layer_matrix(self.source, self.index, self.convention)
 
 
 def prepare(w, index: int, convention: str) -> sp.csr_matrix:
@@ -57,19 +58,28 @@ def prepare(w, index: int, convention: str) -> sp.csr_matrix:
     return a
 
 
+def layer_matrix(source, index: int, convention: str) -> sp.csr_matrix:
+    """Layer `index` of a sequence of layers, prepared; a lazy network that makes its layers'
+    transposes itself (graphchallenge.GeneratedNetwork.transposed) is asked for that instead."""
+    if convention == "challenge" and hasattr(source, "transposed"):
+        a = source.transposed(index)
+        check_matrix(a, "float32", f"<layer {index + 1}>")
+        return a
+    return prepare(source[index], index, convention)
+
+
 def layer_bias(bias, index: int, outputs: int) -> np.ndarray:
     """The layer's bias as float32: 0-d, or one per output neuron (ShapeError naming the layer)."""
-    b = check_numbers(bias, "float32", f"bias of layer {index + 1}")
-    if b.ndim > 1 or (b.ndim == 1 and b.shape != (outputs,)):
-        raise ShapeError(f"bias of layer {index + 1}: expected a number or an array of its {outputs} output "
-                         f"neurons, got shape {b.shape}")
-    return b.astype(np.float32)
+    from .graphchallenge import check_layer_bias
+
+    b = check_layer_bias(np.asarray(bias), index + 1, outputs)
+    return check_numbers(b, "float32", f"bias of layer {index + 1}").astype(np.float32)
 
 
 def build_layer(job: LayerJob, backend: str):
     """(kernel, fixed) for one layer: relabeled, encoded and compiled; `fixed` says whether it
     provably maps the all-cap row to itself (spdnn_converge.fixed_layer)."""
-    a = prepare(job.weights(), job.index, job.convention)
+    a = job.prepared()
     b = layer_bias(job.bias, job.index, a.shape[0])
     if job.columns is not None:
         a = a[:, job.columns].tocsr()
@@ -93,7 +103,7 @@ def _build_in_worker(job: LayerJob):
 
 def _structure_in_worker(source, index: int, convention: str):
     """The layer's pattern (indptr, indices), for the relabeling chain in the calling process."""
-    a = prepare(source[index], index, convention)
+    a = layer_matrix(source, index, convention)
     return a.indptr, a.indices, a.shape
 
 
@@ -115,15 +125,19 @@ def next_order(indptr, indices, shape, previous) -> np.ndarray:
 
 
 class Progress:
-    """`sparsegen: built layer i/L (s)` on stderr once a build has taken a second."""
+    """`sparsegen: built layer i/L (s)` on stderr once a build has taken a second; or, when `show` is
+    a callable, show(done, total, seconds) every tenth of the way."""
 
-    def __init__(self, total: int, show: bool, what: str = "built layer"):
+    def __init__(self, total: int, show, what: str = "built layer"):
         self.total, self.show, self.what, self.t0 = total, show, what, time.perf_counter()
         self.shown = False
 
     def __call__(self, done: int):
         elapsed = time.perf_counter() - self.t0
-        if self.show and elapsed > 1.0 and (done == self.total or done % max(1, self.total // 100) == 0):
+        if callable(self.show):
+            if done == self.total or done % max(1, self.total // 10) == 0:
+                self.show(done, self.total, elapsed)
+        elif self.show and elapsed > 1.0 and (done == self.total or done % max(1, self.total // 100) == 0):
             print(f"\rsparsegen: {self.what} {done}/{self.total} ({elapsed:.0f} s)", end="", file=sys.stderr,
                   flush=True)
             self.shown = True
