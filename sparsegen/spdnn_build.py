@@ -2,11 +2,14 @@
 fix the all-cap row -- in worker processes when the network is large.
 
 A layer's build is independent of the others except for relabeling, whose chain (each layer's row
-order renames the next layer's inputs) is cheap and stays in the calling process; the encodes, the
-fixed-point proofs and nvcc (one run per distinct spec: layers with equal specs share a cubin, and
-the cubin cache shares it between processes) go to a process pool. Workers make lazy layers
-themselves (`graphchallenge.GeneratedNetwork` pickles as three numbers), so a network of 4 G edges
-never sits in memory as matrices.
+order renames the next layer's inputs) is cheap and stays in the calling process. Small networks go
+through `api.compile`, layer by layer, with its plan cache. Large ones go to a process pool that
+composes the stages itself with specs shared: each worker selects once per layer shape (the layer
+family's choice reads the shape only), encodes and finalizes each layer's spec, and proves the
+fixed point; nvcc runs once per distinct kernel body, in the pool too (the cubin cache shares it).
+Their plans skip the plan cache: thousands of large layers would only evict each other there.
+Workers make lazy layers themselves (`graphchallenge.GeneratedNetwork` pickles as three numbers),
+so a network of 4 G edges never sits in memory as matrices.
 """
 from __future__ import annotations
 
@@ -20,6 +23,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import api
+from .analyze import structure_hash
+from .families import family_of
+from .render import Provenance, header, render_body
 from .io import as_csr
 from .spdnn_converge import fixed_layer
 from .values import check_matrix, check_numbers
@@ -76,9 +82,8 @@ def layer_bias(bias, index: int, outputs: int) -> np.ndarray:
     return check_numbers(b, "float32", f"bias of layer {index + 1}").astype(np.float32)
 
 
-def build_layer(job: LayerJob, backend: str):
-    """(kernel, fixed) for one layer: relabeled, encoded and compiled; `fixed` says whether it
-    provably maps the all-cap row to itself (spdnn_converge.fixed_layer)."""
+def relabeled_layer(job: LayerJob):
+    """The layer's matrix (rows = outputs) and float32 bias, relabeled as the job says."""
     a = job.prepared()
     b = layer_bias(job.bias, job.index, a.shape[0])
     if job.columns is not None:
@@ -88,17 +93,70 @@ def build_layer(job: LayerJob, backend: str):
         a = a[job.rows].tocsr()
         if b.ndim:
             b = b[job.rows]
+    return a, b
+
+
+def build_layer(job: LayerJob, backend: str):
+    """(kernel, fixed) for one layer through `api.compile`: relabeled, encoded and compiled; `fixed`
+    says whether it provably maps the all-cap row to itself (spdnn_converge.fixed_layer)."""
+    a, b = relabeled_layer(job)
     r = job.request
     kernel = api.compile(a, op="spdnn_layer", bias=b if b.ndim else float(b), cap=r["cap"],
                          bias_rule=r["bias_rule"], options=r["options"], backend=backend, arch=r["arch"],
                          device=r["device"])
-    if r["cubin"]:
-        _ = kernel.cubin  # nvcc here, in the worker (once per distinct spec: the cubin cache shares it)
     return kernel, fixed_layer(a, b, r["cap"], r["bias_rule"])
 
 
-def _build_in_worker(job: LayerJob):
-    return build_layer(job, "emulate")
+def layer_request(r: dict, b: np.ndarray):
+    """The compile request of a layer whose bias is `b` (what api.compile would make of it)."""
+    from dataclasses import replace
+
+    request = api._request("spdnn_layer", None, None, "float32", r["arch"], b if b.ndim else float(b), False,
+                           r["cap"], r["bias_rule"], r["options"])
+    return replace(request, device=r["device"])
+
+
+_SELECTIONS: dict = {}  # per worker process: (shape, request) -> the selection every such layer shares
+
+
+def _encode_in_worker(job: LayerJob):
+    """One layer, composed here without the plan cache: (spec, selection, plan, structure hash, fixed)."""
+    from dataclasses import replace
+
+    from .analyze import analyze
+    from .select import select_request
+
+    a, b = relabeled_layer(job)
+    request = layer_request(job.request, b)
+    memo = (a.shape, repr(request))
+    if memo not in _SELECTIONS:
+        _SELECTIONS[memo] = select_request(analyze(a), request)
+    selection = _SELECTIONS[memo]
+    family = family_of(selection.spec)
+    plan = family.encode(a, selection.spec, b if b.ndim else None)
+    spec = family.finalize(selection.spec, plan, request) if hasattr(family, "finalize") else selection.spec
+    r = job.request
+    return spec, replace(selection, spec=spec), plan, structure_hash(a), fixed_layer(a, b, r["cap"], r["bias_rule"])
+
+
+def _cubin_in_worker(body: str, arch: str, name: str) -> bytes:
+    from .cache import Cache
+
+    return api._cubin_for(body, arch, name, Cache(), api.Timings())
+
+
+def _kernel(job: LayerJob, encoded, backend: str, bodies: dict):
+    """A Kernel from a worker's encoding; the body is rendered once per distinct spec."""
+    spec, selection, plan, structure, fixed = encoded
+    b = layer_bias(job.bias, job.index, plan.constants["m"])
+    arch = spec.compile_arch(job.request["arch"])
+    if spec not in bodies:
+        bodies[spec] = render_body(spec)
+    reproduce = f"layer {job.index + 1} of a sparsegen.SparseDNN"
+    source = header(spec, Provenance(structure, reproduce)) + bodies[spec]
+    kernel = api.Kernel(spec=spec, selection=selection, plan=plan, source=source, request=layer_request(job.request, b),
+                        backend=backend, arch=job.request["arch"], structure=structure)
+    return kernel, fixed, arch
 
 
 def _structure_in_worker(source, index: int, convention: str):
@@ -157,37 +215,57 @@ def workers_for(layers, edges: int, workers: int | None) -> int:
 
 
 def build(jobs_of, count: int, backend: str, workers: int, progress: Progress, chain=None):
-    """Every layer's (kernel, fixed) in order, and the relabeling orders. `jobs_of(l, orders)` makes layer l's job once the
-    relabeling chain has given `orders` up to l; `chain` (None: no relabeling) is (source, convention)."""
+    """Every layer's (kernel, fixed) in order, and the relabeling orders. `jobs_of(l, orders)` makes
+    layer l's job once the relabeling chain has given `orders` up to l; `chain` (None: no relabeling)
+    is (source, convention)."""
     orders: list = []
-    results = [None] * count
     if not workers:
+        results = []
         for l in range(count):
             if chain is not None:
                 orders.append(next_order(*_structure_in_worker(chain[0], l, chain[1]), orders[-1] if orders else None))
-            results[l] = build_layer(jobs_of(l, orders), backend)
+            results.append(build_layer(jobs_of(l, orders), backend))
             progress(l + 1)
         return results, orders
     import multiprocessing
 
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        built, structures, done = {}, {}, 0
-        for l in range(count):  # over layers: the chain in order, the builds in the pool
-            if chain is not None:
-                for j in range(l, min(count, l + WINDOW)):
-                    if j not in structures:
-                        structures[j] = pool.submit(_structure_in_worker, chain[0], j, chain[1])
-                orders.append(next_order(*structures.pop(l).result(), orders[-1] if orders else None))
-            built[l] = pool.submit(_build_in_worker, jobs_of(l, orders))
-            while built and (built[min(built)].done() or len(built) > 4 * WINDOW):
-                j = min(built)
-                results[j] = built.pop(j).result()
-                done += 1
-                progress(done)
-        for j in sorted(built):
-            results[j] = built.pop(j).result()
-            done += 1
-            progress(done)
-    for kernel, _ in results:
-        kernel.backend = backend
+        results, orders = _build_in_pool(pool, jobs_of, count, backend, progress, chain)
     return results, orders
+
+
+def _build_in_pool(pool, jobs_of, count, backend, progress, chain):
+    """The pool's part of `build`: the relabeling chain here, in order, a window of layers ahead of
+    the encodes; nvcc in the pool as each new kernel body appears."""
+    orders, results, jobs = [], [None] * count, {}
+    encoded, structures, cubins, bodies = {}, {}, {}, {}
+    done = 0
+
+    def collect(j):
+        nonlocal done
+        kernel, fixed, arch = _kernel(jobs.pop(j), encoded.pop(j).result(), backend, bodies)
+        body = kernel.source.split("*/\n", 1)[1]
+        if backend == "gpu" and (body, arch) not in cubins:
+            cubins[body, arch] = pool.submit(_cubin_in_worker, body, arch, kernel.spec.name)
+        results[j] = (kernel, fixed, (body, arch))
+        done += 1
+        progress(done)
+
+    for l in range(count):  # over layers: the chain in order, the encodes in the pool
+        if chain is not None:
+            for j in range(l, min(count, l + WINDOW)):
+                if j not in structures:
+                    structures[j] = pool.submit(_structure_in_worker, chain[0], j, chain[1])
+            orders.append(next_order(*structures.pop(l).result(), orders[-1] if orders else None))
+        jobs[l] = jobs_of(l, orders)
+        encoded[l] = pool.submit(_encode_in_worker, jobs[l])
+        while encoded and (encoded[min(encoded)].done() or len(encoded) > 4 * WINDOW):
+            collect(min(encoded))
+    while encoded:
+        collect(min(encoded))
+    out = []
+    for kernel, fixed, body in results:
+        if backend == "gpu":
+            kernel._cubin = cubins[body].result()
+        out.append((kernel, fixed))
+    return out, orders
