@@ -256,6 +256,22 @@ class _Launcher:
         self.marks = []
         self.copied = None
         self.launched, self.tail_from = 0, None
+        self.direct = {}
+
+    def call(self, func, grid, block, args, shared: int = 0):
+        """Launch `func` on the run's stream: packed by its prepared format and launched directly
+        (runtime._direct_launch: a layer's launches are most of the host's time per layer), else
+        through prepared_async_call."""
+        key = id(func)
+        if key not in self.direct:
+            from . import runtime
+
+            self.direct[key] = runtime._direct_launch(func)
+        fast = self.direct[key]
+        if fast is not None:
+            fast(grid, block, args, shared, self.run.stream)
+        else:
+            func.prepared_async_call(grid, block, self.run.stream, *args, shared_size=shared)
 
     def event(self):
         e = self.drv.Event()
@@ -313,22 +329,22 @@ class _Launcher:
             stream.wait_for_event(self.copied)  # layer l's weights are in slot l % 2
             base, offsets = int(run.slots[l % 2]), fixed[1]
             fixed = [base + o for o in offsets]
-        func.prepared_async_call(geometry.grid, geometry.block, stream, *fixed, self.ys[l % 2], self.ys[(l + 1) % 2],
-                                 self.alives[l % 2], cur, nxt, b["flags"], b["history"], b["state"],
-                                 run.progress_ptr, l, self.fixed_from, shared_size=geometry.shared_bytes)
+        self.call(func, geometry.grid, geometry.block, (*fixed, self.ys[l % 2], self.ys[(l + 1) % 2], self.alives[l % 2],
+                                                        cur, nxt, b["flags"], b["history"], b["state"], run.progress_ptr,
+                                                        l, self.fixed_from), geometry.shared_bytes)
         after_layer = self.event() if self.split or run.weights == "streamed" else None
         if run.weights == "streamed" and l + 1 < len(run.layers):
             self.copied = run.prefetch(l + 1, self.marks[-1][0] if self.marks else None)
         if self.converge and cv.is_candidate(l, len(run.layers)):
-            run.dedup.prepared_async_call(self.dedup_grid, (SUPPORT_BLOCK, 1, 1), stream, self.ys[(l + 1) % 2],
-                                          np.int32(run.net.kernels[l].shape[0]), self.alives[l % 2], cur, b["flags"],
-                                          b["parent"], b["weight"], b["keys"], b["slots"], np.int32(b["table_size"]),
-                                          b["passes"], b["state"], np.int32(l), np.int32(len(run.layers)))
+            self.call(run.dedup, self.dedup_grid, (SUPPORT_BLOCK, 1, 1),
+                      (self.ys[(l + 1) % 2], np.int32(run.net.kernels[l].shape[0]), self.alives[l % 2], cur, b["flags"],
+                       b["parent"], b["weight"], b["keys"], b["slots"], np.int32(b["table_size"]), b["passes"],
+                       b["state"], np.int32(l), np.int32(len(run.layers))))
         if run.prune_on == "device":
-            run.prune.prepared_async_call(self.prune_grid, (SUPPORT_BLOCK, 1, 1), stream, self.alives[l % 2], cur,
-                                          b["flags"], self.alives[(l + 1) % 2], nxt, b["weight"], b["history"],
-                                          b["state"], b["passes"], np.int32(l), np.int32(cv.DEDUP_PAYS),
-                                          np.int32(cv.DEDUP_EVERY), np.int32(cv.DEDUP_MAX_INTERVAL))
+            self.call(run.prune, self.prune_grid, (SUPPORT_BLOCK, 1, 1),
+                      (self.alives[l % 2], cur, b["flags"], self.alives[(l + 1) % 2], nxt, b["weight"], b["history"],
+                       b["state"], b["passes"], np.int32(l), np.int32(cv.DEDUP_PAYS), np.int32(cv.DEDUP_EVERY),
+                       np.int32(cv.DEDUP_MAX_INTERVAL)))
         else:
             self.prune_on_host(l, nxt)
         if after_layer is not None:
@@ -339,10 +355,10 @@ class _Launcher:
         func, table_dev, table, smem = run.tail
         grid = min(int(table["tiles"][l:].max()), run.sms)
         block = int(table["block"][l:].max())
-        func.prepared_async_call((grid, 1, 1), (block, 1, 1), run.stream, int(table_dev), np.int32(l),
-                                 np.int32(len(run.layers)), b["y"][0], b["y"][1], b["alive"][0], b["alive"][1],
-                                 b["counts"], b["history"], b["state"], b["weight"], b["tail_flags"], b["barriers"],
-                                 self.fixed_from, run.progress_ptr, shared_size=smem)
+        self.call(func, (grid, 1, 1), (block, 1, 1),
+                  (int(table_dev), np.int32(l), np.int32(len(run.layers)), b["y"][0], b["y"][1], b["alive"][0],
+                   b["alive"][1], b["counts"], b["history"], b["state"], b["weight"], b["tail_flags"], b["barriers"],
+                   self.fixed_from, run.progress_ptr), smem)
         self.tail_from = l
 
     def prune_on_host(self, l: int, count_out):

@@ -446,3 +446,115 @@ def test_cli_reports_the_distinct_rows_and_the_per_layer_table(tmp_path, example
     assert any(r["skipped"] for r in on["per_layer"]) and not any(r["skipped"] for r in off["per_layer"])
     assert on["rows_computed"] < off["rows_computed"] and off["converge"] == "off" and on["survivors"] > 3
     assert set(on["per_layer"][0]) == {"layer", "alive_inputs", "distinct_rows", "skipped"}
+
+
+# ---- the host's launches, against a scripted device ----------------------------------------------------
+
+class FakeFunction:
+    """A prepared kernel that checks each launch against its prepared format and records it."""
+
+    def __init__(self, name, log, on_launch=None):
+        self.name, self.log, self.on_launch, self.fmt = name, log, on_launch, None
+
+    def prepare(self, fmt):
+        self.fmt = fmt
+
+    def prepared_async_call(self, grid, block, stream, *args, shared_size=0):
+        assert len(args) == len(self.fmt), (self.name, len(args), self.fmt)
+        for c, a in zip(self.fmt, args):
+            assert isinstance(a, (int, np.integer)) and not isinstance(a, bool), (self.name, c, a)
+        self.log.append((self.name, args))
+        if self.on_launch:
+            self.on_launch(args)
+
+
+class FakeEvent:
+    def record(self, stream=None):
+        pass
+
+    def time_till(self, other):
+        return 1.0
+
+    def synchronize(self):
+        pass
+
+
+def fake_run(layers, rows_entering, skip_at=None, tail=True):
+    """A GpuRun stand-in whose device reports, as each layer kernel launches, the rows entering it
+    (`rows_entering[l]`) and whether it skips (from `skip_at` on)."""
+    from types import SimpleNamespace
+
+    from sparsegen import runtime
+    from sparsegen.families.spdnn_sliced_ell import arguments
+    from sparsegen.spdnn_gpu import NO_REPORT
+
+    log = []
+    word = np.array([NO_REPORT], np.uint64)
+
+    def report(args):
+        l = int(args[-2])  # the layer kernel's (layer, fixed_from)
+        skip = skip_at is not None and l >= skip_at
+        word[0] = (l << 32) | (0x80000000 if skip else 0) | int(rows_entering[l])
+
+    spec = converge_specs()[0]
+    layer = FakeFunction("layer", log, report)
+    layer.prepare(runtime.arg_format(arguments(spec)))
+    plan_args = sum(a.kind == "plan" for a in arguments(spec))
+    funcs = {n: FakeFunction(n, log) for n in ("dedup", "prune", "tail")}
+    funcs["dedup"].prepare("PiPPPPPPPiPPii")
+    funcs["prune"].prepare("PPPPPPPPPiiii")
+    funcs["tail"].prepare("PiiPPPPPPPPPPiP")
+    geometry = SimpleNamespace(grid=(1, 1, 1), block=(1024, 1, 1), shared_bytes=0)
+    table = np.zeros(layers, [("tiles", "i4"), ("block", "i4")])
+    table["tiles"], table["block"] = 1, 1024
+    run = SimpleNamespace(
+        layers=[(layer, geometry, list(range(1, plan_args + 1)))] * layers, stream=None, weights="resident",
+        prune_on="device", dedup=funcs["dedup"], prune=funcs["prune"], sms=132, progress=word,
+        progress_ptr=np.uintp(1 << 40), tail=(funcs["tail"], 77, table, 4096) if tail else None,
+        net=SimpleNamespace(fixed_from=0, kernels=[SimpleNamespace(shape=(1024, 1024))] * layers),
+        drv=SimpleNamespace(Event=FakeEvent))
+    b = {"y": [10, 11], "alive": [12, 13], "counts": 14, "flags": 15, "parent": 16, "weight": 17, "history": 18,
+         "passes": 19, "state": 20, "keys": 21, "slots": 22, "tail_flags": 23, "barriers": 24, "table_size": 256}
+    return run, b, log
+
+
+def launched(log, name):
+    return [args for n, args in log if n == name]
+
+
+def test_host_stops_launching_once_the_device_skips():
+    from sparsegen.spdnn_gpu import _Launcher
+
+    run, b, log = fake_run(40, [100] * 40, skip_at=13)
+    launcher = _Launcher(run, b, 100, converge=True, split=True)
+    launcher.launch_all()
+    layers = [int(a[-2]) for a in launched(log, "layer")]
+    assert layers == list(range(14))  # layer 13 reported the skip; nothing after it was launched
+    assert [int(a[-2]) for a in launched(log, "dedup")] == [3, 7, 11]  # candidates only
+    assert len(launched(log, "prune")) == 14 and not launched(log, "tail") and launcher.launched == 14
+    assert set(launcher.times()) == {"inference", "kernels", "pruning"}
+
+
+def test_host_hands_the_last_row_to_the_tail():
+    from sparsegen.spdnn_gpu import _Launcher
+
+    rows = [100, 60, 30, 9, 4, 2, 1, 1] + [1] * 32
+    run, b, log = fake_run(40, rows)
+    launcher = _Launcher(run, b, 100, converge=True, split=False)
+    launcher.launch_all()
+    assert [int(a[-2]) for a in launched(log, "layer")] == list(range(7))  # layer 6 reported one row
+    (tail,) = launched(log, "tail")
+    assert (int(tail[1]), int(tail[2])) == (7, 40) and launcher.tail_from == 7
+    assert tail[3:8] == (10, 11, 12, 13, 14)  # both activation buffers, both alive lists, the counts
+
+
+def test_without_converge_or_a_tail_every_layer_launches():
+    from sparsegen.spdnn_gpu import _Launcher
+
+    run, b, log = fake_run(24, [1] * 24, skip_at=3)
+    _Launcher(run, b, 1, converge=False, split=False).launch_all()
+    assert len(launched(log, "layer")) == 24 and not launched(log, "dedup") and not launched(log, "tail")
+    assert all(int(a[-1]) == -1 for a in launched(log, "layer"))  # fixed_from -1: no skipping on the device
+    run, b, log = fake_run(24, [1] * 24, tail=False)
+    _Launcher(run, b, 1, converge=True, split=False).launch_all()
+    assert len(launched(log, "layer")) == 24 and not launched(log, "tail")
