@@ -14,7 +14,7 @@ Two facts make this exact rather than approximate:
 
 The policy (when a pass runs, when layers are skipped) is the same on the GPU, where every decision
 is taken on the device from what earlier launches wrote, and here, where `run` emulates it with
-NumPy: both give the same per-layer table. docs/decisions/004-converge.md says why the rule is so.
+NumPy: both give the same per-layer table. docs/decisions/006-converge.md says why the rule is so.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ MODES = ("auto", "off")
 # Deduplication: a candidate pass follows every DEDUP_EVERY-th layer; it runs when at least two rows
 # are left, a layer follows, and the back-off allows. A pass that removes a 1/DEDUP_PAYS share of its
 # rows or more keeps the interval at DEDUP_EVERY; one that removes less doubles it, up to
-# DEDUP_MAX_INTERVAL (docs/decisions/004-converge.md).
+# DEDUP_MAX_INTERVAL (docs/decisions/006-converge.md).
 DEDUP_EVERY = 4
 DEDUP_PAYS = 8
 DEDUP_MAX_INTERVAL = 256

@@ -8,7 +8,7 @@ counts the plan fixes (minibatch, buffer size and count, ELL width) are template
 loops unroll; `unroll=False` builds the variant that reads them at run time.
 
 Used through `sparsegen.SparseDNN` (the network driver), which also runs the support kernels of the
-same source: pruning, exact deduplication of rows and the converged tail (docs/decisions/004-converge.md).
+same source: pruning, exact deduplication of rows and the converged tail (docs/decisions/006-converge.md).
 """
 from __future__ import annotations
 
