@@ -416,7 +416,7 @@ def format_spdnn(r: dict) -> str:
         + (f" ({r['expected']} expected categories)" if r["expected"] is not None else "")
         + (f"; {r['check_note']}" if r["check_note"] else ""),
         f"time        inference {s['inference']:.3f} ms"
-        + (f" (kernels {s['kernels']:.3f} ms, pruning {s['pruning']:.3f} ms)" if "kernels" in s else "")
+        + (f" (layers {s['layers']:.3f} ms, pruning {s['pruning']:.3f} ms)" if "layers" in s else "")
         + (f", transfers {s['transfer']:.3f} ms" if "transfer" in s else "")
         + f"; read {s['read']:.0f} ms, compile {s['compile']:.0f} ms",
     ]

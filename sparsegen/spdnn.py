@@ -54,6 +54,7 @@ class Result:
     converge: str = "off"
     memory: dict = field(default_factory=dict)
     launches: dict = field(default_factory=dict)  # GPU: layers launched per batch, the tail's first layer
+    layer_ms: tuple = ()  # GPU with split=True: per layer, ms of its kernel, deduplication and pruning
 
     @property
     def categories(self) -> np.ndarray:
@@ -87,9 +88,13 @@ class Result:
                 f"rows" + (f"; layers {min(tail) + 1} on in one launch" if tail else "") + f"; converge {self.converge}")
 
     def per_layer(self) -> list[dict]:
-        """The per-layer table: alive inputs, distinct rows computed, skipped."""
-        return [{"layer": l + 1, "alive_inputs": a, "distinct_rows": d, "skipped": s}
+        """The per-layer table: alive inputs, distinct rows computed, skipped (and, timed with
+        split=True, the GPU ms of the layer's launches)."""
+        rows = [{"layer": l + 1, "alive_inputs": a, "distinct_rows": d, "skipped": s}
                 for l, (a, d, s) in enumerate(zip(self.alive_per_layer, self.distinct_per_layer, self.skipped))]
+        for row, ms in zip(rows, self.layer_ms):
+            row["ms"] = ms
+        return rows
 
 
 class SparseDNN:
@@ -187,10 +192,13 @@ class SparseDNN:
         """Run every layer over `inputs` (count x neurons); returns the survivors.
 
         weights="streamed" copies each layer's weights to the GPU just ahead of its use (double
-        buffered on a second stream) instead of keeping all layers resident; prune="host" is the
-        2020 code's per-layer host round trip, kept for comparison (converge is off with it).
-        converge: this run's mode (default: the network's). split=True also times the layer kernels
-        and the pruning separately (an event pair per layer, which costs host time)."""
+        buffered on a second stream) instead of keeping all layers resident. prune="device" prunes on
+        the GPU (in the layer kernel itself where one tile holds the whole layer); "kernel" always in a
+        pruning kernel of its own, and "host" with the 2020 code's per-layer host round trip, both kept
+        for comparison (converge is off with "host"). converge: this run's mode (default: the
+        network's). split=True also times every launch (layer kernels, deduplication, pruning, the
+        tail; an event after each, which costs host time): `timings_ms` sums them by kind and
+        `layer_ms` gives them per layer."""
         mode = cv.check_mode(self.converge if converge is None else converge)
         if prune == "host":
             mode = "off"
@@ -212,7 +220,9 @@ class SparseDNN:
             traces, parts, batch, timings, memory, launches = GpuRun(self, runtime, weights, prune).run(
                 x, batch, mode == "auto", split)
         result = self._result(x, traces, parts, batch, mode)
-        return self._in_original_labels(replace(result, timings_ms=timings, memory=memory, launches=launches))
+        layer_ms = tuple(launches.pop("ms_per_layer", ()))
+        return self._in_original_labels(replace(result, timings_ms=timings, memory=memory, launches=launches,
+                                                layer_ms=layer_ms))
 
     def _result(self, x, traces, parts, batch, mode) -> Result:
         ids, feats = [], []

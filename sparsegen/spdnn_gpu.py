@@ -1,9 +1,11 @@
 """A sparse network's run on the GPU: buffers, launches, converge, timing.
 
-Per layer the host launches the layer kernel, (every DEDUP_EVERY-th layer, with converge) a
-deduplication candidate, and the pruning kernel, and never waits for any of them: each kernel reads
-the alive count and the converge state from device memory and decides there (skip, run a pass or
-not). The device reports the layer it is at, and how many rows entered it, in one word of mapped,
+Per layer the host launches the layer kernel and, where the layer kernel cannot prune itself (more
+than one tile per row, or a deduplication candidate follows: every DEDUP_EVERY-th layer, with
+converge), the deduplication candidate and the pruning kernel; it never waits for any of them: each
+kernel reads the alive count and the converge state from device memory and decides there (skip, run
+a pass or not). The alive counts rotate over three device words: layer l reads word l % 3, appends
+to word (l + 1) % 3 and clears word (l + 2) % 3 for the layer after it. The device reports the layer it is at, and how many rows entered it, in one word of mapped,
 pinned host memory; the host reads that word (no synchronisation) to stop launching once the device
 skips the rest, to hand the layers left to one tail launch once at most one row is left, and to stay
 at most RUN_AHEAD layers ahead of the device so that neither happens late.
@@ -28,6 +30,10 @@ LAYER_DESC = np.dtype({"names": ["map", "map_disp", "buf_disp", "warp_disp", "in
                        "formats": ["u8"] * 7 + ["f4", "f4", "i4", "i4", "i4", "i4"],
                        "offsets": [0, 8, 16, 24, 32, 40, 48, 56, 60, 64, 68, 72, 76], "itemsize": 80})
 NO_REPORT = np.uint64(0xFFFFFFFF00000000)  # progress word before the device's first report
+PRUNE_MODES = ("device", "kernel", "host")
+# what split=True times: per layer the layer kernel, the deduplication candidate and the pruning
+# (kernel or host round trip); and the converged tail, one launch for the layers left
+SPLIT_KINDS = ("layers", "dedup", "pruning", "tail")
 
 
 class GpuRun:
@@ -35,13 +41,16 @@ class GpuRun:
 
     weights="streamed": each layer's arrays live in one pinned host buffer and are copied on a second
     stream into one of two device slots while the previous layer computes (double buffering).
-    prune="host" copies the flags back and compacts on the host every layer, as the 2020 code did
-    (kept to measure the difference; converge is off with it).
+    prune="device" prunes in the layer kernel where one tile sees whole rows, else in a pruning kernel;
+    prune="kernel" always launches the pruning kernel; prune="host" copies the flags back and compacts
+    on the host every layer, as the 2020 code did (both kept to measure the difference; converge is off
+    with "host").
     """
 
     def __init__(self, net, runtime, weights: str = "resident", prune: str = "device"):
-        if weights not in ("resident", "streamed") or prune not in ("device", "host"):
-            raise ShapeError("weights must be 'resident' or 'streamed', prune 'device' or 'host'")
+        if weights not in ("resident", "streamed") or prune not in PRUNE_MODES:
+            raise ShapeError(f"weights must be 'resident' or 'streamed', prune one of {', '.join(PRUNE_MODES)}; "
+                             f"got {weights!r}, {prune!r}")
         self.net, self.rt, self.weights, self.prune_on = net, runtime, weights, prune
         self.drv = drv = runtime._driver()
         runtime.ensure_context()
@@ -53,8 +62,12 @@ class GpuRun:
         self.prune.prepare("PPPPPPPPPiiii")
         self.dedup.prepare("PiPPPPPPPiPPii")
         self.layers = []
+        self.one_tile = []  # per layer: one tile sees every output neuron, so the layer kernel can prune
+        self.passes_wanted = []  # per layer: passes the grid runs at once, about one block per SM each
         for k in net.kernels:
             geometry = k.family.launch(k.spec, k.plan, self.sms)
+            self.one_tile.append(geometry.grid[0] == 1)
+            self.passes_wanted.append(np.int32(max(1, self.sms // geometry.grid[0])))
             func = runtime.load_function(k.cubin_key, k.cubin, k.family.KERNEL, geometry.shared_bytes)
             args = k.family.arguments(k.spec)
             names = [a.name for a in args if a.kind == "plan"]  # in the kernel's parameter order
@@ -110,12 +123,14 @@ class GpuRun:
         """Every batch of `x` through the network: (traces, representatives' features, batch size,
         timings, memory, launches)."""
         drv, net = self.drv, self.net
-        converge = converge and self.prune_on == "device"
+        converge = converge and self.prune_on != "host"
         t_all = time.perf_counter()
         free, total = drv.mem_get_info()
         batch = batch or max(1, min(x.shape[0], int(0.6 * free) // self.bytes_per_row()))
         traces, parts = [], []
-        timings = {"transfer": 0.0, "inference": 0.0, **({"kernels": 0.0, "pruning": 0.0} if split else {})}
+        timings = {"transfer": 0.0, "inference": 0.0, "host_launch": 0.0,
+                   **({kind: 0.0 for kind in SPLIT_KINDS} if split else {})}
+        launch_ms = np.zeros((len(self.layers), len(SPLIT_KINDS) - 1)) if split else None
         peak, launches = 0, {"layers_launched": [], "tail_from": []}
         for start in range(0, x.shape[0], batch):
             trace, reps, t, used, launcher = self._run_batch(x[start:start + batch], converge, split)
@@ -127,11 +142,15 @@ class GpuRun:
                 launches["tail_from"].append(launcher.tail_from)
             for key_ in timings:
                 timings[key_] += t[key_]
+            if split:
+                launch_ms += t["per_layer"]
         timings["compile"] = net.compile_ms
         timings["total_run"] = 1e3 * (time.perf_counter() - t_all)
         timings["batches"] = len(traces)
         memory = {"device_peak_bytes": peak, "device_total_bytes": total, "batch_buffer_bytes": batch * self.bytes_per_row(),
                   "plan_bytes": sum(k.plan.nbytes for k in net.kernels)}
+        if split:
+            launches["ms_per_layer"] = [dict(zip(SPLIT_KINDS[:-1], (float(v) for v in row))) for row in launch_ms]
         return traces, parts, batch, timings, memory, launches
 
     def bytes_per_row(self) -> int:
@@ -146,12 +165,12 @@ class GpuRun:
             size *= 2
         b = {"y": [drv.mem_alloc(max(rows * self.net.width * 4, 4)) for _ in range(2)],
              "alive": [drv.mem_alloc(max(rows * 4, 4)) for _ in range(2)],
-             "counts": drv.mem_alloc(8), "flags": drv.mem_alloc(max(rows * 4, 4)),
+             "counts": drv.mem_alloc(12), "flags": drv.mem_alloc(max(rows * 4, 4)),
              "parent": drv.mem_alloc(max(rows * 4, 4)), "weight": drv.mem_alloc(max(rows * 4, 4)),
              "history": drv.mem_alloc(layers * cv.H * 4), "passes": drv.mem_alloc(layers * cv.P * 4),
              "state": drv.mem_alloc(16), "keys": drv.mem_alloc(size * 8), "slots": drv.mem_alloc(size * 8),
              "tail_flags": drv.mem_alloc(layers * 4), "barriers": drv.mem_alloc(layers * 4), "table_size": size}
-        words = {"flags": max(rows, 1), "history": layers * cv.H, "passes": layers * cv.P, "tail_flags": layers,
+        words = {"counts": 3, "flags": max(rows, 1), "history": layers * cv.H, "passes": layers * cv.P, "tail_flags": layers,
                  "barriers": layers, "keys": 2 * size, "slots": 2 * size}
         for name, count in words.items():
             drv.memset_d32(b[name], 0, count)
@@ -180,9 +199,12 @@ class GpuRun:
         if self.progress is not None:
             self.progress[0] = NO_REPORT
         launcher = _Launcher(self, b, rows, converge, split)
+        t = time.perf_counter()
         launcher.launch_all()
+        host_ms = 1e3 * (time.perf_counter() - t)
         launcher.done.synchronize()
         timing = launcher.times()
+        timing["host_launch"] = host_ms
 
         t = time.perf_counter()
         hist, passes, state = (np.empty(n, np.int32) for n in (layers * cv.H, layers * cv.P, 4))
@@ -195,10 +217,10 @@ class GpuRun:
             hist[:, [cv.H_KEPT, cv.H_INPUTS]] = launcher.host_kept[:, None]
         skip_from = int(min(state[0], layers))
         last = skip_from - 1  # the last layer computed
-        counts = np.empty(2, np.int32)
+        counts = np.empty(3, np.int32)
         drv.memcpy_dtoh(counts, b["counts"])
-        final = (last + 1) % 2
-        survivors = int(counts[final]) if last >= 0 else rows
+        final = (last + 1) % 2  # the alive list and rows after the last layer computed
+        survivors = int(counts[(last + 1) % 3]) if last >= 0 else rows
         slots = np.empty(survivors, np.int32)
         if survivors:
             drv.memcpy_dtoh(slots, b["alive"][final])
@@ -210,15 +232,16 @@ class GpuRun:
         if skip_from < layers:
             reps = cv.final_rows(trace, None, layers, self.net.outputs, self.net.cap)
         else:
-            reps = self._gather(b["y"][final], b["alive"][final], b["counts"], final, survivors, width)
+            reps = self._gather(b["y"][final], b["alive"][final], int(b["counts"]) + 4 * ((last + 1) % 3), survivors,
+                                width)
         timing["transfer"] = upload_ms + 1e3 * (time.perf_counter() - t)
         reps = reps if reps is not None else np.zeros((0, self.net.outputs), np.float32)
         return trace, reps, timing, total - free, launcher
 
-    def _gather(self, y, alive, counts, final: int, survivors: int, width: int) -> np.ndarray:
+    def _gather(self, y, alive, count: int, survivors: int, width: int) -> np.ndarray:
         drv = self.drv
         out = drv.mem_alloc(max(survivors * width * 4, 4))
-        self.gather(y, alive, np.uintp(int(counts) + 4 * final), out, np.int32(width),
+        self.gather(y, alive, np.uintp(count), out, np.int32(width),
                     block=(SUPPORT_BLOCK, 1, 1), grid=(min(max(survivors, 1), 65535), 1, 1))
         feats = np.empty((survivors, width), np.float32)
         if survivors:
@@ -249,11 +272,12 @@ class _Launcher:
         self.host_kept = np.zeros(layers, np.int64)
         self.host_alive = np.arange(rows, dtype=np.int32)
         self.fixed_from = np.int32(run.net.fixed_from if converge else -1)
-        self.c = [self.b["counts"], self.b["counts"] + 4]
+        self.c = [self.b["counts"] + 4 * i for i in range(3)]
         self.ys, self.alives = self.b["y"], self.b["alive"]
         self.prune_grid = (min(-(-max(rows, 1) // SUPPORT_BLOCK), 8 * run.sms), 1, 1)
         self.dedup_grid = (min(-(-max(rows, 1) // (SUPPORT_BLOCK // 32)), 8 * run.sms), 1, 1)
-        self.marks = []
+        self.marks = []  # with split: (event after a launch, its kind, its layer)
+        self.previous_layer_done = None  # streamed weights: the event after the last layer kernel
         self.copied = None
         self.launched, self.tail_from = 0, None
         self.direct = {}
@@ -321,34 +345,54 @@ class _Launcher:
             if time.perf_counter() - t0 > SPIN_LIMIT_S:
                 return None
 
+    def prunes_itself(self, l: int) -> bool:
+        """Whether layer l's kernel appends its survivors to the next alive list itself: one tile sees
+        each whole row, and no deduplication candidate (which reads the flags) comes between."""
+        run = self.run
+        return (run.prune_on == "device" and run.one_tile[l]
+                and not (self.converge and cv.is_candidate(l, len(run.layers))))
+
+    def mark(self, kind: str, l: int):
+        """With split: an event after the launch just made, so each launch's GPU time is the time between
+        two marks."""
+        if self.split:
+            self.marks.append((self.event(), kind, l))
+
     def launch_layer(self, l: int):
         run, b, stream = self.run, self.b, self.run.stream
         func, geometry, fixed = run.layers[l]
-        cur, nxt = (self.c[0], self.c[1]) if l % 2 == 0 else (self.c[1], self.c[0])
+        cur, nxt, clear = self.c[l % 3], self.c[(l + 1) % 3], self.c[(l + 2) % 3]
+        fused = self.prunes_itself(l)
         if run.weights == "streamed":
             stream.wait_for_event(self.copied)  # layer l's weights are in slot l % 2
             base, offsets = int(run.slots[l % 2]), fixed[1]
             fixed = [base + o for o in offsets]
-        self.call(func, geometry.grid, geometry.block, (*fixed, self.ys[l % 2], self.ys[(l + 1) % 2], self.alives[l % 2],
-                                                        cur, nxt, b["flags"], b["history"], b["state"], run.progress_ptr,
-                                                        l, self.fixed_from), geometry.shared_bytes)
-        after_layer = self.event() if self.split or run.weights == "streamed" else None
-        if run.weights == "streamed" and l + 1 < len(run.layers):
-            self.copied = run.prefetch(l + 1, self.marks[-1][0] if self.marks else None)
+        self.call(func, geometry.grid, geometry.block,
+                  (*fixed, self.ys[l % 2], self.ys[(l + 1) % 2], self.alives[l % 2], cur, nxt, clear,
+                   self.alives[(l + 1) % 2], b["weight"], b["flags"], b["history"], b["state"], run.progress_ptr, l,
+                   self.fixed_from, np.int32(fused), run.passes_wanted[l]), geometry.shared_bytes)
+        self.mark("layers", l)
+        if run.weights == "streamed":
+            after_layer = self.event()
+            if l + 1 < len(run.layers):  # slot (l + 1) % 2 is free once layer l - 1 is done
+                self.copied = run.prefetch(l + 1, self.previous_layer_done)
+            self.previous_layer_done = after_layer
+        if fused:
+            return
         if self.converge and cv.is_candidate(l, len(run.layers)):
             self.call(run.dedup, self.dedup_grid, (SUPPORT_BLOCK, 1, 1),
                       (self.ys[(l + 1) % 2], np.int32(run.net.kernels[l].shape[0]), self.alives[l % 2], cur, b["flags"],
                        b["parent"], b["weight"], b["keys"], b["slots"], np.int32(b["table_size"]), b["passes"],
                        b["state"], np.int32(l), np.int32(len(run.layers))))
-        if run.prune_on == "device":
+            self.mark("dedup", l)
+        if run.prune_on == "host":
+            self.prune_on_host(l, nxt)
+        else:
             self.call(run.prune, self.prune_grid, (SUPPORT_BLOCK, 1, 1),
                       (self.alives[l % 2], cur, b["flags"], self.alives[(l + 1) % 2], nxt, b["weight"], b["history"],
                        b["state"], b["passes"], np.int32(l), np.int32(cv.DEDUP_PAYS), np.int32(cv.DEDUP_EVERY),
                        np.int32(cv.DEDUP_MAX_INTERVAL)))
-        else:
-            self.prune_on_host(l, nxt)
-        if after_layer is not None:
-            self.marks.append((after_layer, self.event()))
+        self.mark("pruning", l)
 
     def launch_tail(self, l: int):
         run, b = self.run, self.b
@@ -359,6 +403,7 @@ class _Launcher:
                   (int(table_dev), np.int32(l), np.int32(len(run.layers)), b["y"][0], b["y"][1], b["alive"][0],
                    b["alive"][1], b["counts"], b["history"], b["state"], b["weight"], b["tail_flags"], b["barriers"],
                    self.fixed_from, run.progress_ptr), smem)
+        self.mark("tail", l)
         self.tail_from = l
 
     def prune_on_host(self, l: int, count_out):
@@ -377,11 +422,19 @@ class _Launcher:
         self.host_kept[l] = kept.size
 
     def times(self) -> dict:
+        """GPU time of the batch; with split, also per kind of launch (SPLIT_KINDS), and per layer."""
         out = {"inference": self.start.time_till(self.done)}
         if self.split:
-            starts = [self.start] + [m[1] for m in self.marks[:-1]]
-            out["kernels"] = sum(s.time_till(m[0]) for s, m in zip(starts, self.marks))
-            out["pruning"] = sum(m[0].time_till(m[1]) for m in self.marks)
+            out.update(dict.fromkeys(SPLIT_KINDS, 0.0))
+            per_layer = np.zeros((len(self.run.layers), len(SPLIT_KINDS) - 1))
+            previous = self.start
+            for event, kind, l in self.marks:
+                ms = previous.time_till(event)
+                previous = event
+                out[kind] += ms
+                if kind != "tail":
+                    per_layer[l, SPLIT_KINDS.index(kind)] += ms
+            out["per_layer"] = per_layer
         return out
 
 

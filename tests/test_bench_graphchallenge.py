@@ -20,7 +20,9 @@ def fake_case(**over):
                 "sparsegen_runtime_trips": 5.9},
          "teraedges_per_s": {"sparsegen": 117.9, "sparsegen_converge_off": 40.7, "cusparse_loop": 4.7,
                              "sparsegen_runtime_trips": 40.0},
-         "split_ms": {"preprocess": 4000.0, "compile": 2000.0, "transfer": 20.0, "kernels": 5.2, "pruning": 0.6},
+         "split_ms": {"preprocess": 4000.0, "compile": 2000.0, "transfer": 20.0,
+                      "converge_on": {"inference": 2.1, "layers": 1.6, "dedup": 0.1, "pruning": 0.2, "tail": 0.0,
+                                      "host_launch": 0.9}},
          "memory": {"device_peak_bytes": 2.5e9}, "speedup_vs_cusparse_loop": 24.95,
          "speedup_vs_cusparse_loop_converge_off": 8.6, "cusparse_loop_same_answer": True,
          "converge_off_same_answer": True, "runtime_trips_same_answer": True,
@@ -58,6 +60,10 @@ def test_reports(tmp_path):
     assert "runtime-trips ms" in md and "failed: boom" in md and "| PASSED |" in md
     assert "- official/n1024-l120/60000-mnist: 31 of 120 layers ran" in md
     assert any("24.95x" in line and "31/120 layers ran" in line for line in suite.summary_lines(doc))
+    split = ("split: converge on 2.100 ms = layers 1.600 + dedup 0.100 + pruning 0.200 + tail 0.000 "
+             "(host launches 0.900)")
+    assert any(line.endswith(split) for line in suite.summary_lines(doc)) and split in md
+    assert suite.split_line(fake_case(split_ms={})) is None
 
 
 def test_failing_case_is_recorded_and_the_suite_goes_on(monkeypatch, tmp_path):

@@ -316,8 +316,11 @@ def test_source_holds_the_converge_kernels_and_the_layout_the_driver_writes():
     uniform, vector = (render(s) for s in converge_specs())
     assert "#define BIAS_OF(o) (-0.3f)" in uniform and "#define OFF_CAP(z) ((z) != CAP)" in uniform
     assert "#define BIAS_OF(o) ((o) < N_OUT ? __ldg(bias + (o)) : 0.0f)" in vector
-    assert "const float* __restrict__ bias," in vector and "const float* __restrict__ bias," not in uniform
+    kernel_bias = "            const float* __restrict__ bias,\n            const float* __restrict__ y_in"
+    assert kernel_bias in vector and kernel_bias not in uniform  # the kernel takes a bias array, or not
     assert "#define OFF_CAP(z) true" in vector  # no cap: never converged
+    assert "layer_passes<MB / 4>(" in uniform and "fewer_inputs_per_pass<3>(" in uniform
+    assert "fewer_inputs_per_pass<1>(" in vector and "fewer_inputs_per_pass<2>(" not in vector  # minibatch 8
     for src in (uniform, vector):
         # one barrier per minibatch for the flags, the device-side skip, the progress word
         assert src.count("__syncthreads_or") == 2  # the tail's two votes; the layer kernel votes by warp
@@ -325,6 +328,11 @@ def test_source_holds_the_converge_kernels_and_the_layout_the_driver_writes():
         assert "report(progress, layer, skip, count);" in src
         assert "atomicCAS(keys + i, k, key) == k" in src and "if (__all_sync(0xffffffffu, same))" in src
         assert "extern \"C\" __global__ void __launch_bounds__(1024)\nspdnn_tail(" in src
+        # pruning in the layer kernel: one atomic per pass into the next alive list; the counts rotate
+        assert "if (compact && warp == 0) {" in src and "first = atomicAdd(count_next, __popc(ballot));" in src
+        assert "if (!skip) *count_clear = 0;" in src and "int count = counts[first % 3];" in src
+        # fewer inputs per pass where the rows are few: the full minibatch inline, the others called
+        assert "const int groups = min(MB / 4, max(1, (count + 4 * passes_wanted - 1) / (4 * passes_wanted)));" in src
     assert LAYER_DESC.itemsize == 80 and LAYER_DESC.fields["bias"][1] == 48
     assert LAYER_DESC.fields["uniform_value"][1] == 56 and LAYER_DESC.fields["block"][1] == 76
     assert "offsetof(LayerDesc, bias) == 48 && offsetof(LayerDesc, uniform_value) == 56" in uniform
@@ -356,15 +364,45 @@ def test_gpu_official_network_converges_exactly(data_dir):
     expected = np.loadtxt(d / "categories-first1200.tsv", dtype=int).tolist()
     off = net.run(x, converge="off")
     assert off.categories.tolist() == expected and not any(off.skipped)
-    for mode in ({}, {"split": True}, {"weights": "streamed"}, {"batch": 500}):
+    for mode in ({}, {"split": True}, {"weights": "streamed"}, {"batch": 500}, {"prune": "kernel"}):
         on = net.run(x, **mode)
         assert on.categories.tolist() == expected, mode
         assert bitwise(on.features, off.features) and on.alive_per_layer == off.alive_per_layer, mode
         if "batch" not in mode:  # one batch: the device takes the emulator's decisions
             assert tables(on) == tables(emu), mode
             assert on.layers_run < 30 and sum(on.launches["layers_launched"]) < 120, mode
-    host = net.run(x, prune="host")
-    assert host.converge == "off" and bitwise(host.features, off.features)
+    split = net.run(x, split=True)
+    t = split.timings_ms
+    assert len(split.layer_ms) == 120 and split.per_layer()[0]["ms"]["layers"] > 0
+    assert abs(t["layers"] + t["dedup"] + t["pruning"] + t["tail"] - t["inference"]) < 0.05 * t["inference"]
+    assert t["dedup"] > 0 and t["pruning"] > 0  # the candidates' pruning kernels
+    for mode in ({"prune": "host"}, {"prune": "kernel", "converge": "off"}, {"weights": "streamed", "converge": "off"}):
+        other = net.run(x, **mode)
+        assert other.converge == "off" and bitwise(other.features, off.features), mode
+
+
+@pytest.mark.gpu
+def test_gpu_full_minibatches_and_copies_of_every_input(data_dir):
+    """The official images twice over (2400 inputs): the first layers take full minibatches (more rows
+    than 12 per SM), later ones fewer inputs per pass as rows die; every input has a copy, which the
+    passes find. Pruning in the layer kernel or in a kernel of its own, converge on or off: the same bits."""
+    d = data_dir / "graphchallenge"
+    layers = gc.read_network(d)
+    x = gc.read_inputs(d / "sparse-images-1024-first1200.tsv.gz", 1024)
+    x2 = sp.vstack([x, x], format="csr")
+    expected = np.loadtxt(d / "categories-first1200.tsv", dtype=int) - 1
+    emu = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="emulate", progress=False).run(x2)
+    net = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="gpu", progress=False)
+    off = net.run(x2, converge="off")
+    assert off.ids.tolist() == expected.tolist() + (expected + 1200).tolist()
+    assert bitwise(off.features[:expected.size], off.features[expected.size:])
+    for mode in ({}, {"prune": "kernel"}, {"converge": "off", "prune": "kernel"}):
+        r = net.run(x2, **mode)
+        assert np.array_equal(r.ids, off.ids) and bitwise(r.features, off.features), mode
+        assert r.alive_per_layer == off.alive_per_layer == emu.alive_per_layer, mode
+        if r.converge == "auto":
+            assert tables(r) == tables(emu), mode
+            assert r.passes[0].ran and r.passes[0].removed >= r.alive_per_layer[3] // 2, mode  # the copies
 
 
 @pytest.mark.gpu
@@ -479,9 +517,12 @@ class FakeEvent:
         pass
 
 
-def fake_run(layers, rows_entering, skip_at=None, tail=True):
+LAYER_ARG = -4  # the layer kernel's trailing arguments: layer, fixed_from, compact, passes_wanted
+
+
+def fake_run(layers, rows_entering, skip_at=None, tail=True, tiles=1, prune="device"):
     """A GpuRun stand-in whose device reports, as each layer kernel launches, the rows entering it
-    (`rows_entering[l]`) and whether it skips (from `skip_at` on)."""
+    (`rows_entering[l]`) and whether it skips (from `skip_at` on); its layers have `tiles` tiles."""
     from types import SimpleNamespace
 
     from sparsegen import runtime
@@ -492,7 +533,7 @@ def fake_run(layers, rows_entering, skip_at=None, tail=True):
     word = np.array([NO_REPORT], np.uint64)
 
     def report(args):
-        l = int(args[-2])  # the layer kernel's (layer, fixed_from)
+        l = int(args[LAYER_ARG])
         skip = skip_at is not None and l >= skip_at
         word[0] = (l << 32) | (0x80000000 if skip else 0) | int(rows_entering[l])
 
@@ -504,12 +545,12 @@ def fake_run(layers, rows_entering, skip_at=None, tail=True):
     funcs["dedup"].prepare("PiPPPPPPPiPPii")
     funcs["prune"].prepare("PPPPPPPPPiiii")
     funcs["tail"].prepare("PiiPPPPPPPPPPiP")
-    geometry = SimpleNamespace(grid=(1, 1, 1), block=(1024, 1, 1), shared_bytes=0)
+    geometry = SimpleNamespace(grid=(tiles, 1, 1), block=(1024, 1, 1), shared_bytes=0)
     table = np.zeros(layers, [("tiles", "i4"), ("block", "i4")])
     table["tiles"], table["block"] = 1, 1024
     run = SimpleNamespace(
         layers=[(layer, geometry, list(range(1, plan_args + 1)))] * layers, stream=None, weights="resident",
-        prune_on="device", dedup=funcs["dedup"], prune=funcs["prune"], sms=132, progress=word,
+        prune_on=prune, one_tile=[tiles == 1] * layers, passes_wanted=[np.int32(132 // tiles)] * layers, dedup=funcs["dedup"], prune=funcs["prune"], sms=132, progress=word,
         progress_ptr=np.uintp(1 << 40), tail=(funcs["tail"], 77, table, 4096) if tail else None,
         net=SimpleNamespace(fixed_from=0, kernels=[SimpleNamespace(shape=(1024, 1024))] * layers),
         drv=SimpleNamespace(Event=FakeEvent))
@@ -528,11 +569,18 @@ def test_host_stops_launching_once_the_device_skips():
     run, b, log = fake_run(40, [100] * 40, skip_at=13)
     launcher = _Launcher(run, b, 100, converge=True, split=True)
     launcher.launch_all()
-    layers = [int(a[-2]) for a in launched(log, "layer")]
+    layers = [int(a[LAYER_ARG]) for a in launched(log, "layer")]
     assert layers == list(range(14))  # layer 13 reported the skip; nothing after it was launched
     assert [int(a[-2]) for a in launched(log, "dedup")] == [3, 7, 11]  # candidates only
-    assert len(launched(log, "prune")) == 14 and not launched(log, "tail") and launcher.launched == 14
-    assert set(launcher.times()) == {"inference", "kernels", "pruning"}
+    # one tile: the layer kernels prune themselves, except before a deduplication candidate
+    assert [int(a[-4]) for a in launched(log, "prune")] == [3, 7, 11]
+    assert [int(a[-2]) for a in launched(log, "layer")] == [0 if l in (3, 7, 11) else 1 for l in range(14)]
+    assert not launched(log, "tail") and launcher.launched == 14
+    times = launcher.times()  # every fake launch takes 1 ms
+    assert set(times) == {"inference", "layers", "dedup", "pruning", "tail", "per_layer"}
+    assert (times["layers"], times["dedup"], times["pruning"], times["tail"]) == (14, 3, 3, 0)
+    assert times["per_layer"][:14].tolist() == [[1, 1, 1] if l in (3, 7, 11) else [1, 0, 0] for l in range(14)]
+    assert not times["per_layer"][14:].any()
 
 
 def test_host_hands_the_last_row_to_the_tail():
@@ -542,10 +590,13 @@ def test_host_hands_the_last_row_to_the_tail():
     run, b, log = fake_run(40, rows)
     launcher = _Launcher(run, b, 100, converge=True, split=False)
     launcher.launch_all()
-    assert [int(a[-2]) for a in launched(log, "layer")] == list(range(7))  # layer 6 reported one row
+    assert [int(a[LAYER_ARG]) for a in launched(log, "layer")] == list(range(7))  # layer 6 reported one row
     (tail,) = launched(log, "tail")
     assert (int(tail[1]), int(tail[2])) == (7, 40) and launcher.tail_from == 7
     assert tail[3:8] == (10, 11, 12, 13, 14)  # both activation buffers, both alive lists, the counts
+    split = _Launcher(*fake_run(40, rows)[:2], 100, converge=True, split=True)
+    split.launch_all()
+    assert split.times()["tail"] == 1 and split.times()["per_layer"][7:].sum() == 0
 
 
 def test_without_converge_or_a_tail_every_layer_launches():
@@ -554,7 +605,34 @@ def test_without_converge_or_a_tail_every_layer_launches():
     run, b, log = fake_run(24, [1] * 24, skip_at=3)
     _Launcher(run, b, 1, converge=False, split=False).launch_all()
     assert len(launched(log, "layer")) == 24 and not launched(log, "dedup") and not launched(log, "tail")
-    assert all(int(a[-1]) == -1 for a in launched(log, "layer"))  # fixed_from -1: no skipping on the device
+    assert all(int(a[-3]) == -1 for a in launched(log, "layer"))  # fixed_from -1: no skipping on the device
     run, b, log = fake_run(24, [1] * 24, tail=False)
     _Launcher(run, b, 1, converge=True, split=False).launch_all()
     assert len(launched(log, "layer")) == 24 and not launched(log, "tail")
+
+
+def test_layer_kernels_prune_themselves_where_one_tile_holds_the_layer():
+    """One tile: every layer kernel appends its survivors itself (compact 1), and no pruning kernel
+    runs; the counts rotate over three words (read l % 3, append (l + 1) % 3, clear (l + 2) % 3).
+    Several tiles, or prune="kernel": a pruning kernel after every layer, and the flags instead."""
+    from sparsegen.spdnn_gpu import _Launcher
+
+    run, b, log = fake_run(7, [100] * 7)
+    _Launcher(run, b, 100, converge=False, split=False).launch_all()
+    layers = launched(log, "layer")
+    assert not launched(log, "prune") and [int(a[-2]) for a in layers] == [1] * 7
+    counts = [tuple(int(v) for v in a[-13:-10]) for a in layers]  # count_in, count_next, count_clear
+    assert counts == [(14 + 4 * (l % 3), 14 + 4 * ((l + 1) % 3), 14 + 4 * ((l + 2) % 3)) for l in range(7)]
+    assert [int(a[-10]) for a in layers] == [13, 12] * 3 + [13]  # the next alive list
+    assert all(int(a[-1]) == 132 for a in layers)  # passes wanted: one per SM
+    for kw in ({"tiles": 4}, {"prune": "kernel"}):
+        run, b, log = fake_run(7, [100] * 7, **kw)
+        _Launcher(run, b, 100, converge=True, split=False).launch_all()
+        assert [int(a[-2]) for a in launched(log, "layer")] == [0] * 7, kw
+        assert [int(a[-4]) for a in launched(log, "prune")] == list(range(7)), kw
+        prune = launched(log, "prune")[1]  # layer 1 prunes from count word 1 into word 2
+        assert (int(prune[1]), int(prune[4])) == (18, 22), kw
+    assert [int(a[-1]) for a in launched(log, "layer")] == [132] * 7  # prune="kernel": one tile
+    run, b, log = fake_run(7, [100] * 7, tiles=4)
+    _Launcher(run, b, 100, converge=False, split=False).launch_all()
+    assert all(int(a[-1]) == 33 for a in launched(log, "layer"))  # four tiles per pass

@@ -93,6 +93,8 @@ def run(cfg, *, env: dict, emit=print, checkpoint=None, previous=None, clock=tim
             rec = {"id": case.id, "pass": False, "status": "failed", "note": f"{type(exc).__name__}: {exc}"}
         doc["cases"].append(rec)
         emit(progress_line(rec))
+        if split_line(rec):
+            emit(split_line(rec))
         if checkpoint:
             checkpoint(doc)
     return doc
@@ -261,11 +263,19 @@ def _emit_progress(emit, name):
     return show
 
 
+SPLIT = ("inference", "layers", "dedup", "pruning", "tail", "host_launch")
+
+
+def split_of(r) -> dict:
+    """Where a split run's GPU time went, by kind of launch, and the host's time to make the launches."""
+    return {k: r.timings_ms.get(k) for k in SPLIT}
+
+
 def _measure(case: Case, layers, x, bias, net, network_ms, inputs_ms) -> dict:
-    """Converge on and off, best of RUNS each, and one run with the layer/pruning split."""
+    """Converge on and off, best of RUNS each, and one split run of each (an event after every launch)."""
     on, on_runs = best_run(net, x, converge="auto")
     off, off_runs = best_run(net, x, converge="off")
-    split = net.run(x, converge="off", split=True)
+    split_on, split_off = net.run(x, converge="auto", split=True), net.run(x, converge="off", split=True)
     passes = [p for p in on.passes if p.ran]
     return {
         "id": case.id, "neurons": case.neurons, "layers": case.layers, "inputs": int(x.shape[0]),
@@ -284,7 +294,8 @@ def _measure(case: Case, layers, x, bias, net, network_ms, inputs_ms) -> dict:
             on.features.view(np.uint32), off.features.view(np.uint32))),
         "split_ms": {"preprocess": network_ms + inputs_ms, "network": network_ms, "inputs": inputs_ms,
                      "compile": net.compile_ms, "transfer": on.timings_ms.get("transfer"),
-                     "kernels": split.timings_ms.get("kernels"), "pruning": split.timings_ms.get("pruning")},
+                     "converge_on": split_of(split_on), "converge_off": split_of(split_off)},
+        "layer_ms": {"converge_on": list(split_on.layer_ms), "converge_off": list(split_off.layer_ms)},
         "memory": {**max((on.memory, off.memory), key=lambda m: m.get("device_peak_bytes", 0))},
         "_ids": on.ids, "_features": on.features,
     }
@@ -309,6 +320,7 @@ def _variants(case: Case, layers, x, bias, net, rec: dict) -> None:
         plain.release()
     if case.modes:
         for name, mode in (("sparsegen_streamed_weights", {"weights": "streamed"}),
+                           ("sparsegen_pruning_kernel", {"prune": "kernel"}),
                            ("sparsegen_host_pruning", {"prune": "host"})):
             other, _ = best_run(net, x, converge="off", **mode)
             rec["ms"][name] = other.timings_ms["inference"]
@@ -331,8 +343,31 @@ def progress_line(rec: dict) -> str:
             + (f"  official {rec['official_check']}" if rec["official_check"] else ""))
 
 
+def split_line(rec: dict) -> str | None:
+    """Where each split run's time went (ms): layer kernels, deduplication, pruning, tail; and the host's
+    time to make the launches, which the GPU waits on when it is the larger."""
+    split = rec.get("split_ms", {})
+    parts = []
+    for mode in ("converge_on", "converge_off"):
+        t = split.get(mode)
+        if t and t.get("layers") is not None:
+            parts.append(f"{mode.replace('_', ' ')} {t['inference']:.3f} ms = layers {t['layers']:.3f} + dedup "
+                         f"{t['dedup']:.3f} + pruning {t['pruning']:.3f} + tail {t['tail']:.3f} (host launches "
+                         f"{t['host_launch']:.3f})")
+    return f"{rec['id']}  split: " + "; ".join(parts) if parts else None
+
+
 def summary_lines(doc: dict) -> list[str]:
-    return [progress_line(c) for c in doc["cases"]]
+    lines = []
+    for c in doc["cases"]:
+        lines.append(progress_line(c))
+        if split_line(c):
+            lines.append(split_line(c))
+    return lines
+
+
+def _ms(v) -> str:
+    return f"{v:.3f}" if v is not None else "-"
 
 
 def _gb(v) -> str:
@@ -393,14 +428,22 @@ def _variant_tables(doc: dict) -> list[str]:
                          f"{c['runtime_trips_same_answer']} |")
     modes = [c for c in doc["cases"] if "sparsegen_streamed_weights" in c.get("ms", {})]
     if modes:
-        lines += ["", "Resident against streamed weights, and pruning on the device against a host round trip "
-                  "per layer (the 2020 code's way), converge off:", "",
-                  "| case | resident, device pruning ms | streamed weights ms | host pruning ms | same answers |",
-                  "|---|---|---|---|---|"]
+        lines += ["", "Resident against streamed weights, and pruning in the layer kernel against a pruning kernel "
+                  "per layer and a host round trip per layer (the 2020 code's way), converge off:", "",
+                  "| case | resident, pruning in the layer ms | streamed weights ms | pruning kernel ms | "
+                  "host pruning ms | same answers |", "|---|---|---|---|---|---|"]
         for c in modes:
+            same = all(c.get(f"{k}_same_answer", True) for k in ("sparsegen_streamed_weights", "sparsegen_pruning_kernel",
+                                                                 "sparsegen_host_pruning"))
             lines.append(f"| {c['id']} | {c['ms']['sparsegen_converge_off']:.3f} | "
-                         f"{c['ms']['sparsegen_streamed_weights']:.3f} | {c['ms']['sparsegen_host_pruning']:.3f} | "
-                         f"{c['sparsegen_streamed_weights_same_answer'] and c['sparsegen_host_pruning_same_answer']} |")
+                         f"{c['ms']['sparsegen_streamed_weights']:.3f} | "
+                         f"{_ms(c['ms'].get('sparsegen_pruning_kernel'))} | {c['ms']['sparsegen_host_pruning']:.3f} | "
+                         f"{same} |")
+    split = [c for c in doc["cases"] if split_line(c)]
+    if split:
+        lines += ["", "Where the time goes (one run of each mode with an event after every launch, which adds a "
+                  "little time; ms): layer kernels, deduplication candidates, pruning, the converged tail, and the "
+                  "host's time to make the launches:", ""] + [f"- {split_line(c)}" for c in split]
     rel = [c for c in doc["cases"] if "sparsegen_not_relabeled" in c.get("ms", {})]
     if rel:
         lines += ["", "Hidden neurons relabeled (rows of each layer grouped so tiles touch fewer inputs) against the "

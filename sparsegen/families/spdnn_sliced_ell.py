@@ -9,6 +9,9 @@ loops unroll; `unroll=False` builds the variant that reads them at run time.
 
 Used through `sparsegen.SparseDNN` (the network driver), which also runs the support kernels of the
 same source: pruning, exact deduplication of rows and the converged tail (docs/decisions/006-converge.md).
+Where one tile holds every output neuron, the layer kernel also prunes: it appends the rows it keeps
+to the next alive list itself (`compact`); and it takes fewer inputs per pass when the rows left are
+too few to give every block a full minibatch (`passes_wanted`).
 """
 from __future__ import annotations
 
@@ -113,8 +116,9 @@ RULES = (Rule("spdnn_sliced_ell", FAMILY, _rule),)
 ARGUMENTS = (Arg("map", "plan"), Arg("map_disp", "plan"), Arg("buf_disp", "plan"), Arg("warp_disp", "plan"),
              Arg("index", "plan"), Arg("value", "plan"), Arg("bias", "plan"), Arg("y_in", "input"),
              Arg("y_out", "output"), Arg("alive", "state"), Arg("count_in", "state"), Arg("count_next", "state"),
-             Arg("flags", "state"), Arg("history", "state"), Arg("state", "state"), Arg("progress", "state"),
-             Arg("layer", "layer"), Arg("fixed_from", "layer"))
+             Arg("count_clear", "state"), Arg("alive_next", "state"), Arg("weight", "state"), Arg("flags", "state"),
+             Arg("history", "state"), Arg("state", "state"), Arg("progress", "state"), Arg("layer", "layer"),
+             Arg("fixed_from", "layer"), Arg("compact", "layer"), Arg("passes_wanted", "layer"))
 
 
 def arguments(spec: Spec) -> tuple[Arg, ...]:
