@@ -5,10 +5,11 @@ than one tile per row, or a deduplication candidate follows: every DEDUP_EVERY-t
 converge), the deduplication candidate and the pruning kernel; it never waits for any of them: each
 kernel reads the alive count and the converge state from device memory and decides there (skip, run
 a pass or not). The alive counts rotate over three device words: layer l reads word l % 3, appends
-to word (l + 1) % 3 and clears word (l + 2) % 3 for the layer after it. The device reports the layer it is at, and how many rows entered it, in one word of mapped,
-pinned host memory; the host reads that word (no synchronisation) to stop launching once the device
-skips the rest, to hand the layers left to one tail launch once at most one row is left, and to stay
-at most RUN_AHEAD layers ahead of the device so that neither happens late.
+to word (l + 1) % 3 and clears word (l + 2) % 3 for the layer after it. The device reports the
+layer it is at, and how many rows entered it, in one word of mapped, pinned host memory; the host
+reads that word (no synchronisation) to stop launching once the device skips the rest, to hand the
+layers left to one tail launch once at most one row is left, and to stay at most RUN_AHEAD layers
+ahead of the device so that neither happens late.
 """
 from __future__ import annotations
 
@@ -170,8 +171,8 @@ class GpuRun:
              "history": drv.mem_alloc(layers * cv.H * 4), "passes": drv.mem_alloc(layers * cv.P * 4),
              "state": drv.mem_alloc(16), "keys": drv.mem_alloc(size * 8), "slots": drv.mem_alloc(size * 8),
              "tail_flags": drv.mem_alloc(layers * 4), "barriers": drv.mem_alloc(layers * 4), "table_size": size}
-        words = {"counts": 3, "flags": max(rows, 1), "history": layers * cv.H, "passes": layers * cv.P, "tail_flags": layers,
-                 "barriers": layers, "keys": 2 * size, "slots": 2 * size}
+        words = {"counts": 3, "flags": max(rows, 1), "history": layers * cv.H, "passes": layers * cv.P,
+                 "tail_flags": layers, "barriers": layers, "keys": 2 * size, "slots": 2 * size}
         for name, count in words.items():
             drv.memset_d32(b[name], 0, count)
         drv.memcpy_htod(b["state"], np.array([layers, 0, cv.DEDUP_EVERY, 0], np.int32))

@@ -550,7 +550,8 @@ def fake_run(layers, rows_entering, skip_at=None, tail=True, tiles=1, prune="dev
     table["tiles"], table["block"] = 1, 1024
     run = SimpleNamespace(
         layers=[(layer, geometry, list(range(1, plan_args + 1)))] * layers, stream=None, weights="resident",
-        prune_on=prune, one_tile=[tiles == 1] * layers, passes_wanted=[np.int32(132 // tiles)] * layers, dedup=funcs["dedup"], prune=funcs["prune"], sms=132, progress=word,
+        prune_on=prune, one_tile=[tiles == 1] * layers, passes_wanted=[np.int32(132 // tiles)] * layers,
+        dedup=funcs["dedup"], prune=funcs["prune"], sms=132, progress=word,
         progress_ptr=np.uintp(1 << 40), tail=(funcs["tail"], 77, table, 4096) if tail else None,
         net=SimpleNamespace(fixed_from=0, kernels=[SimpleNamespace(shape=(1024, 1024))] * layers),
         drv=SimpleNamespace(Event=FakeEvent))

@@ -433,8 +433,8 @@ def _variant_tables(doc: dict) -> list[str]:
                   "| case | resident, pruning in the layer ms | streamed weights ms | pruning kernel ms | "
                   "host pruning ms | same answers |", "|---|---|---|---|---|---|"]
         for c in modes:
-            same = all(c.get(f"{k}_same_answer", True) for k in ("sparsegen_streamed_weights", "sparsegen_pruning_kernel",
-                                                                 "sparsegen_host_pruning"))
+            same = all(c.get(f"{k}_same_answer", True)
+                       for k in ("sparsegen_streamed_weights", "sparsegen_pruning_kernel", "sparsegen_host_pruning"))
             lines.append(f"| {c['id']} | {c['ms']['sparsegen_converge_off']:.3f} | "
                          f"{c['ms']['sparsegen_streamed_weights']:.3f} | "
                          f"{_ms(c['ms'].get('sparsegen_pruning_kernel'))} | {c['ms']['sparsegen_host_pruning']:.3f} | "
