@@ -37,6 +37,12 @@ PRUNE_MODES = ("device", "kernel", "host")
 SPLIT_KINDS = ("layers", "dedup", "pruning", "tail")
 
 
+def pruning_and_passes(tiles: int, sms: int) -> tuple[bool, int]:
+    """For a layer of `tiles` tiles on a GPU of `sms` SMs: whether its kernel can prune (one tile sees
+    each whole row), and how many passes (each `tiles` blocks) run at once, about one block per SM."""
+    return tiles == 1, max(1, sms // max(tiles, 1))
+
+
 class GpuRun:
     """One network on the GPU: its layer kernels loaded, weights resident or streamed.
 
@@ -67,8 +73,9 @@ class GpuRun:
         self.passes_wanted = []  # per layer: passes the grid runs at once, about one block per SM each
         for k in net.kernels:
             geometry = k.family.launch(k.spec, k.plan, self.sms)
-            self.one_tile.append(geometry.grid[0] == 1)
-            self.passes_wanted.append(np.int32(max(1, self.sms // geometry.grid[0])))
+            one_tile, passes = pruning_and_passes(geometry.grid[0], self.sms)
+            self.one_tile.append(one_tile)
+            self.passes_wanted.append(np.int32(passes))
             func = runtime.load_function(k.cubin_key, k.cubin, k.family.KERNEL, geometry.shared_bytes)
             args = k.family.arguments(k.spec)
             names = [a.name for a in args if a.kind == "plan"]  # in the kernel's parameter order

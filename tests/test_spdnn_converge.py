@@ -527,7 +527,7 @@ def fake_run(layers, rows_entering, skip_at=None, tail=True, tiles=1, prune="dev
 
     from sparsegen import runtime
     from sparsegen.families.spdnn_sliced_ell import arguments
-    from sparsegen.spdnn_gpu import NO_REPORT
+    from sparsegen.spdnn_gpu import NO_REPORT, pruning_and_passes
 
     log = []
     word = np.array([NO_REPORT], np.uint64)
@@ -550,7 +550,8 @@ def fake_run(layers, rows_entering, skip_at=None, tail=True, tiles=1, prune="dev
     table["tiles"], table["block"] = 1, 1024
     run = SimpleNamespace(
         layers=[(layer, geometry, list(range(1, plan_args + 1)))] * layers, stream=None, weights="resident",
-        prune_on=prune, one_tile=[tiles == 1] * layers, passes_wanted=[np.int32(132 // tiles)] * layers,
+        prune_on=prune, one_tile=[pruning_and_passes(tiles, 132)[0]] * layers,
+        passes_wanted=[np.int32(pruning_and_passes(tiles, 132)[1])] * layers,
         dedup=funcs["dedup"], prune=funcs["prune"], sms=132, progress=word,
         progress_ptr=np.uintp(1 << 40), tail=(funcs["tail"], 77, table, 4096) if tail else None,
         net=SimpleNamespace(fixed_from=0, kernels=[SimpleNamespace(shape=(1024, 1024))] * layers),
@@ -637,3 +638,17 @@ def test_layer_kernels_prune_themselves_where_one_tile_holds_the_layer():
     run, b, log = fake_run(7, [100] * 7, tiles=4)
     _Launcher(run, b, 100, converge=False, split=False).launch_all()
     assert all(int(a[-1]) == 33 for a in launched(log, "layer"))  # four tiles per pass
+
+
+def test_pruning_and_passes_per_layer_shape_and_the_timed_table():
+    from sparsegen.spdnn import Result
+    from sparsegen.spdnn_gpu import pruning_and_passes
+
+    assert pruning_and_passes(1, 132) == (True, 132) and pruning_and_passes(4, 132) == (False, 33)
+    assert pruning_and_passes(256, 132) == (False, 1)  # at least one pass
+    ms = ({"layers": 0.5, "dedup": 0.0, "pruning": 0.0}, {"layers": 0.25, "dedup": 0.1, "pruning": 0.05})
+    r = Result(np.zeros(0, np.int64), np.zeros((0, 4), np.float32), (3, 2), 4, 10, distinct_per_layer=(4, 3),
+               skipped=(False, False), layer_ms=ms)
+    assert [row["ms"] for row in r.per_layer()] == list(ms)
+    assert "ms" not in Result(r.ids, r.features, (3, 2), 4, 10, distinct_per_layer=(4, 3),
+                              skipped=(False, False)).per_layer()[0]
