@@ -267,13 +267,17 @@ def _request(op, n, k, dtype, arch, bias, relu, cap, bias_rule, options) -> Requ
 
 
 def _layer_options(bias, cap, bias_rule, given: dict) -> dict:
-    """A SpDNN layer's epilogue as its family's options, from compile()'s arguments."""
-    if bias is not None and np.ndim(bias) != 0:
-        raise ShapeError("spdnn_layer: bias must be one number for the whole layer")
+    """A SpDNN layer's epilogue as its family's options, from compile()'s arguments: one bias for the
+    layer, or one per output neuron (the vector itself travels in the plan, see `_compile_request`)."""
+    if bias is not None and np.ndim(bias) > 1:
+        raise ShapeError("spdnn_layer: bias must be one number for the whole layer or one per output neuron")
     if bias_rule not in ("nonzero", "all"):
         raise ShapeError(f"bias_rule must be 'nonzero' or 'all', got {bias_rule!r}")
-    layer = {"bias": float(check_numbers(0.0 if bias is None else bias, "float32", "bias")),
+    vector = np.ndim(bias) == 1
+    layer = {"bias": float(check_numbers(0.0 if bias is None or vector else bias, "float32", "bias")),
              "cap": None if cap is None else float(check_numbers(cap, "float32", "cap")), "bias_rule": bias_rule}
+    if vector:
+        layer["bias_vector"] = True
     clash = sorted(k for k, v in layer.items() if given.get(k) not in (None, v))
     if clash:
         raise OptionsError(f"options {', '.join(clash)}: the layer's {', '.join(clash)} come from compile()'s "
@@ -311,8 +315,8 @@ def compile(matrix, op: str = "spmm", *, n: int | None = None, k: int | None = N
     op="sddmm" samples A·Bᵀ at the matrix's pattern: the callable takes A (rows, k) and B (cols, k)
     and returns the nnz values in the matrix's CSR order (the matrix's own values are not used).
     op="spdnn_layer" is one sparse DNN layer, min(max(Y·Aᵀ + bias, 0), cap), with A's rows the
-    output neurons; it runs inside `sparsegen.SparseDNN` (`bias` one number, `bias_rule` "nonzero"
-    as the Graph Challenge adds it, or "all"). `options` tunes the family (e.g. minibatch).
+    output neurons; it runs inside `sparsegen.SparseDNN` (`bias` one number or one per output neuron,
+    `bias_rule` "nonzero" as the Graph Challenge adds it, or "all"). `options` tunes the family.
     backend: "gpu", "emulate" (NumPy, exactly as the kernel reads the plan) or "auto" (GPU when
     there is one). Plans and cubins are cached (see README: Cache).
     tune: None (default) times, on the GPU, the candidates the cost model cannot tell apart within
@@ -369,7 +373,8 @@ def _compile_request(csr, request: Request, bias, backend: str, arch: str, repro
                      timings: Timings, t0: float) -> Kernel:
     """The plan (cached or built) and, for the GPU, its cubin: one request, the matrix hashed."""
     structure, values = hashes
-    bias_vec = _bias_vector(bias, csr.shape[0]) if request.op == "spmm" else None
+    vector = request.op == "spmm" or (request.op == "spdnn_layer" and np.ndim(bias) == 1)
+    bias_vec = _bias_vector(bias, csr.shape[0]) if vector else None
     cache = Cache()
     bias_bytes = bias_vec.tobytes() if bias_vec is not None else b""
     plan_key = key("plan", __version__, generator_fingerprint(), structure, values, bias_bytes,

@@ -100,7 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "graph: likewise, each layer taking networkx's reverse Cuthill-McKee order where it "
                         "touches fewer inputs)")
     p.add_argument("--block", type=int, default=None, help="run: output neurons per thread block (multiple of 32)")
-    p.add_argument("--json", action="store_true", help="run: one JSON object (per-layer alive counts too)")
+    p.add_argument("--converge", default="auto", choices=["auto", "off"],
+                   help="run: compute each distinct row once and skip layers proven to fix the converged rows; "
+                        "exact (default auto)")
+    p.add_argument("--json", action="store_true",
+                   help="run: one JSON object (the per-layer table too: alive inputs, distinct rows, skipped)")
     p.add_argument("--neurons", type=int, default=1024, help="generate: neurons (16 * a power of two >= 512)")
     p.add_argument("--seed", type=int, default=0, help="generate: seed of the row permutations")
     p.add_argument("--images", metavar="IDX", help="mnist: MNIST images file (idx3-ubyte[.gz])")
@@ -393,7 +397,7 @@ def run_spdnn(args, gc) -> dict:
     read_ms = 1e3 * (time.perf_counter() - t)
     bias = args.bias if args.bias is not None else gc.bias_for(neurons)
     net = SparseDNN(layers, bias=bias, cap=args.cap, backend=args.backend, minibatch=args.minibatch,
-                    block=args.block, unroll=not args.runtime_trips, relabel=args.relabel)
+                    block=args.block, unroll=not args.runtime_trips, relabel=args.relabel, converge=args.converge)
     result = net.run(inputs, weights="streamed" if args.stream_weights else "resident",
                      prune="host" if args.host_pruning else "device")
     check, expected, note = None, None, None
@@ -415,6 +419,9 @@ def run_spdnn(args, gc) -> dict:
         "survivors": int(result.ids.size), "categories": result.categories.tolist(),
         "check": check, "check_note": note, "expected": None if expected is None else int(expected.size),
         "alive_per_layer": list(result.alive_per_layer),
+        "converge": result.converge, "converge_summary": result.summary(), "rows_computed": result.rows_computed,
+        "per_layer": result.per_layer(), "passes": [p.to_dict() for p in result.passes],
+        "memory": result.memory,
         "teraedges_per_s": result.teraedges_per_s,
         "split_ms": {"read": read_ms, **{k: v for k, v in result.timings_ms.items() if k != "emulated"}},
     }
@@ -427,12 +434,13 @@ def format_spdnn(r: dict) -> str:
         f"{len(r['specs'])} kernel spec(s): {', '.join(r['specs'])}",
         f"inputs      {r['inputs']} ({r['input_nnz']} nonzeros), bias {r['bias']:g}, cap {r['cap']:g}, "
         f"backend {r['backend']}",
+        *([f"converge    {r['converge_summary']}"] if "converge_summary" in r else []),
         f"survivors   {r['survivors']}"
         + (f"   check {r['check']}" if r["check"] else "")
         + (f" ({r['expected']} expected categories)" if r["expected"] is not None else "")
         + (f"; {r['check_note']}" if r["check_note"] else ""),
         f"time        inference {s['inference']:.3f} ms"
-        + (f" (kernels {s['kernels']:.3f} ms, pruning {s['pruning']:.3f} ms)" if "kernels" in s else "")
+        + (f" (layers {s['layers']:.3f} ms, pruning {s['pruning']:.3f} ms)" if "layers" in s else "")
         + (f", transfers {s['transfer']:.3f} ms" if "transfer" in s else "")
         + f"; read {s['read']:.0f} ms, compile {s['compile']:.0f} ms",
     ]

@@ -34,8 +34,9 @@ from .io._text import Tokens, read_bytes
 
 __all__ = [
     "BIAS", "CAP", "WEIGHT", "ROW_NNZ", "MNIST_THRESHOLD", "BIAS_RULES", "Result",
-    "bias_for", "read_network", "read_inputs", "read_categories", "mnist_inputs", "generate_network",
+    "bias_for", "layer_biases", "check_layer_bias", "read_network", "read_inputs", "read_categories", "mnist_inputs", "generate_network",
     "reference_inference", "categories_of", "check", "write_network", "write_inputs", "network_path",
+    "GeneratedNetwork",
 ]
 
 BIAS = {1024: -0.3, 4096: -0.35, 16384: -0.4, 65536: -0.45}
@@ -164,8 +165,9 @@ def _with_shape(a: sp.csr_matrix, shape) -> sp.csr_matrix:
 # ---------------------------------------------------------------------------------------------- inputs
 
 def mnist_inputs(images_idx_path, side: int = 32, count: int | None = None,
-                 threshold: float = MNIST_THRESHOLD) -> sp.csr_matrix:
-    """Challenge-like inputs from MNIST images: (count x side**2) float32 CSR of 1.0s.
+                 threshold: float = MNIST_THRESHOLD, start: int = 0) -> sp.csr_matrix:
+    """Challenge-like inputs from MNIST images: (count x side**2) float32 CSR of 1.0s (images
+    start..count-1 when `start` is given, so that workers can share the images out).
 
     The recipe that best reproduces the official `sparse-images-1024` (see the MNIST data README):
     x = uint8 / 255, resampled 28 -> side on both axes by FFT (`scipy.signal.resample`, MATLAB
@@ -180,9 +182,12 @@ def mnist_inputs(images_idx_path, side: int = 32, count: int | None = None,
     # order="F" flattens each image transposed, so a reshape gives x[k, c, r]: resampling both axes
     # and flattening row-major then yields index c*side + r, the challenge's column-major order.
     x = io.load(images_idx_path, limit=count, order="F", dtype=np.float64)  # pixel/255, rounded once
+    if count is not None and x.shape[0] < count:
+        raise FormatError(images_idx_path, None, f"at least {count} images", f"{x.shape[0]}")
+    if not 0 <= int(start) <= x.shape[0]:
+        raise ValueError(f"start must be between 0 and {x.shape[0]}, not {start!r}")
+    x = x[int(start):]
     k = x.shape[0]
-    if count is not None and k < count:
-        raise FormatError(images_idx_path, None, f"at least {count} images", f"{k}")
     src = math.isqrt(x.shape[1])
     if src * src != x.shape[1]:
         raise FormatError(images_idx_path, None, "square images", f"{x.shape[1]} pixels per image")
@@ -218,29 +223,73 @@ def generate_network(neurons: int, layers: int, seed: int = 0) -> list[sp.csr_ma
     b_k[i, j] != 0 iff (i - j) mod g in {0, d}; layer l uses k = ((l-1) mod K) + 1, and row r of layer
     l is row perm_c[r] of B_k, with one permutation per cycle c = (l-1) div K (cycle 0: identity;
     the others drawn in order from `default_rng(seed)`, so fewer layers give a prefix of more).
-    For N = 1024 layers 1..6 are exactly the official ones.
+    For N = 1024 layers 1..6 are exactly the official ones. `GeneratedNetwork` makes the same layers
+    one at a time, on demand.
     """
-    g = _groups(neurons)
-    if int(layers) != layers or layers < 0:
-        raise ValueError(f"layers must be a non-negative integer, not {layers!r}")
-    K = g.bit_length() - 1
-    rng = np.random.default_rng(seed)
-    residue = np.arange(neurons, dtype=np.int32) % g  # row r of B_k belongs to residue class r mod g
-    blocks = (np.arange(BLOCKS, dtype=np.int32) * g)[None, :, None]
-    out = []
-    for l in range(int(layers)):  # over layers
-        c, k = divmod(l, K)
-        if k == 0 and c > 0:
-            residue = rng.permutation(neurons).astype(np.int32) % g
-        a, b = residue, (residue - (1 << k)) % g  # the row's two column residues: i and i - d
+    return list(GeneratedNetwork(neurons, layers, seed))
+
+
+class GeneratedNetwork:
+    """`generate_network(neurons, layers, seed)` as a sequence that makes each layer when asked: a
+    network of thousands of large layers need not sit in memory, and it pickles as its three numbers
+    (worker processes make their own layers). network[i] is W_{i+1}."""
+
+    def __init__(self, neurons: int, layers: int, seed: int = 0):
+        self.groups = _groups(neurons)
+        if int(layers) != layers or layers < 0:
+            raise ValueError(f"layers must be a non-negative integer, not {layers!r}")
+        self.neurons, self.layers, self.seed = int(neurons), int(layers), seed
+        self._residues = [np.arange(self.neurons, dtype=np.int32) % self.groups]  # cycle 0: identity
+        self._rng = None
+
+    def __reduce__(self):
+        return GeneratedNetwork, (self.neurons, self.layers, self.seed)
+
+    def __len__(self) -> int:
+        return self.layers
+
+    def __iter__(self):
+        return (self[i] for i in range(self.layers))
+
+    def __getitem__(self, l: int) -> sp.csr_matrix:
+        if not -self.layers <= l < self.layers:
+            raise IndexError(f"layer {l} of a {self.layers}-layer network")
+        c, k = divmod(l % self.layers, self.groups.bit_length() - 1)
+        residue = self._residue(c)
+        blocks = (np.arange(BLOCKS, dtype=np.int32) * self.groups)[None, :, None]
+        a, b = residue, (residue - (1 << k)) % self.groups  # the row's two column residues: i and i - d
         pair = np.stack([np.minimum(a, b), np.maximum(a, b)], axis=1)  # sorted, so columns come sorted
         cols = (blocks + pair[:, None, :]).reshape(-1)  # column q*g + residue, q = 0..15
-        indptr = np.arange(0, ROW_NNZ * neurons + 1, ROW_NNZ, dtype=np.int32)
+        indptr = np.arange(0, ROW_NNZ * self.neurons + 1, ROW_NNZ, dtype=np.int32)
         w = sp.csr_matrix((np.full(len(cols), WEIGHT, np.float32), cols, indptr),
-                          shape=(neurons, neurons), copy=False)
+                          shape=(self.neurons, self.neurons), copy=False)
         w.has_canonical_format = True
-        out.append(w)
-    return out
+        return w
+
+    def transposed(self, l: int) -> sp.csr_matrix:
+        """W_{l+1}^T (rows = output neurons) made directly, without a transpose: output j = q*g + t
+        takes the inputs whose residue is t or t + d (mod g), 16 of each, the same for every q."""
+        if not -self.layers <= l < self.layers:
+            raise IndexError(f"layer {l} of a {self.layers}-layer network")
+        g = self.groups
+        c, k = divmod(l % self.layers, g.bit_length() - 1)
+        by_residue = np.argsort(self._residue(c), kind="stable").astype(np.int32).reshape(g, BLOCKS)
+        t = np.arange(g)
+        pattern = np.sort(np.hstack([by_residue, by_residue[(t + (1 << k)) % g]]), axis=1)  # (g, 32)
+        cols = np.tile(pattern, (BLOCKS, 1)).reshape(-1)
+        indptr = np.arange(0, ROW_NNZ * self.neurons + 1, ROW_NNZ, dtype=np.int32)
+        a = sp.csr_matrix((np.full(cols.size, WEIGHT, np.float32), cols, indptr), shape=(self.neurons, self.neurons),
+                          copy=False)
+        a.has_canonical_format = True
+        return a
+
+    def _residue(self, cycle: int) -> np.ndarray:
+        """Row residues of a cycle: the cycle's permutation (drawn in order from the seed) mod g."""
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.seed)
+        while len(self._residues) <= cycle:  # over cycles not drawn yet
+            self._residues.append(self._rng.permutation(self.neurons).astype(np.int32) % self.groups)
+        return self._residues[cycle]
 
 
 def _groups(neurons) -> int:
@@ -269,36 +318,59 @@ class Result:
     alive_per_layer: tuple[int, ...]
 
 
-def reference_inference(layers, inputs, bias: float, cap: float = CAP, dtype=np.float32,
-                        bias_rule: str = "nonzero") -> Result:
-    """Y_{l+1} = min(max(Y_l W_l + b, 0), cap), sparse x sparse layer by layer (SciPy SpGEMM).
+def layer_biases(bias, count: int) -> list[np.ndarray]:
+    """One bias per layer: `bias` is a number (every neuron of every layer) or a sequence with one entry
+    per layer, each a number or an array over that layer's output neurons (`check_layer_bias`)."""
+    if not isinstance(bias, (list, tuple)) and np.ndim(bias) == 0:
+        return [np.asarray(bias, np.float64)] * count
+    entries = list(bias)
+    if len(entries) != count:
+        raise ShapeError(f"bias: expected a number or one entry per layer ({count}), got {len(entries)} entries")
+    return [np.asarray(b) for b in entries]
 
-    Inputs whose row becomes all zero are dropped after each layer, as the challenge's reference
-    does; that changes no answer, since a dead row stays dead (with b <= 0 a zero row maps to a zero
-    row under either rule; with b > 0 under "all" a row dies only when cap is 0, and then all do).
+
+def check_layer_bias(b: np.ndarray, layer: int, width: int) -> np.ndarray:
+    """Layer `layer`'s bias (1-based in messages) as float64, 0-d or one per its `width` outputs."""
+    if b.dtype.kind not in "biuf":
+        raise ShapeError(f"bias of layer {layer}: expected real numbers, got dtype {b.dtype}")
+    if b.ndim > 1 or (b.ndim == 1 and b.shape != (width,)):
+        raise ShapeError(f"bias of layer {layer}: expected a number or an array of its {width} output neurons, "
+                         f"got shape {b.shape}")
+    return b.astype(np.float64)
+
+
+def reference_inference(layers, inputs, bias, cap: float = CAP, dtype=np.float32,
+                        bias_rule: str = "nonzero") -> Result:
+    """Y_{l+1} = min(max(Y_l W_l + b_l, 0), cap), sparse x sparse layer by layer (SciPy SpGEMM).
+
+    `bias`: one number, or one entry per layer (a number, or an array over the layer's output neurons:
+    see `layer_biases`). Inputs whose row becomes all zero are dropped after each layer, as the
+    challenge's reference does; a dropped input stays dropped (its answer is no survival).
     bias_rule "nonzero" adds b to the structural nonzeros of Y W only (the challenge MATLAB reference:
-    `Z + logical(Z) .* b`); "all" adds it to every entry (dense semantics). They differ only for b > 0.
+    `Z + logical(Z) .* b`); "all" adds it to every entry (dense semantics). They differ only where b > 0.
     """
     if bias_rule not in BIAS_RULES:
         raise ValueError(f"bias_rule must be one of {', '.join(BIAS_RULES)}, not {bias_rule!r}")
-    layers = list(layers)
-    if not layers:
+    layers = layers if hasattr(layers, "__getitem__") and hasattr(layers, "__len__") else list(layers)
+    if not len(layers):
         raise ValueError("reference_inference needs at least one layer")
     dt = np.dtype(dtype)
     if dt.kind != "f" or dt.itemsize < 4:  # scipy.sparse has no float16 products
         raise ValueError(f"dtype must be float32 or float64, not {dt}")
     if not cap >= 0:
         raise ValueError(f"cap must be >= 0 (np.inf for none), not {cap}")
-    b, c = dt.type(bias), dt.type(cap)
+    biases = layer_biases(bias, len(layers))
+    c = dt.type(cap)
     y = io.as_csr(inputs, dt)
     ids = np.arange(y.shape[0], dtype=np.int64)
     alive = []
-    for l, w in enumerate(layers, 1):  # over layers
-        w = io.as_csr(w, dt)
+    for l in range(1, len(layers) + 1):  # over layers (a lazy network makes each one here)
+        w = io.as_csr(layers[l - 1], dt)
         if w.shape[0] != y.shape[1]:
             raise ShapeError(f"layer {l} is {w.shape[0]} x {w.shape[1]}, but its input has {y.shape[1]} "
                              f"neurons (rows of W_l are input neurons)")
-        y = _activate(y @ w, b, c, bias_rule)
+        b = check_layer_bias(biases[l - 1], l, w.shape[1])
+        y = _activate(y @ w, b.astype(dt), c, bias_rule)
         keep = np.diff(y.indptr) > 0
         if not keep.all():
             y, ids = y[keep], ids[keep]
@@ -307,17 +379,18 @@ def reference_inference(layers, inputs, bias: float, cap: float = CAP, dtype=np.
     return Result(y, ids, tuple(alive))
 
 
-def _activate(z: sp.csr_matrix, b, cap, bias_rule: str) -> sp.csr_matrix:
-    """min(max(z + b, 0), cap) under the bias rule, as canonical-enough CSR without stored zeros."""
-    if bias_rule == "all" and b > 0:
-        # every entry, stored or not, becomes >= b > 0: the result is dense
+def _activate(z: sp.csr_matrix, b: np.ndarray, cap, bias_rule: str) -> sp.csr_matrix:
+    """min(max(z + b, 0), cap) under the bias rule (b: a number or one per column), as canonical-enough
+    CSR without stored zeros."""
+    if bias_rule == "all" and np.any(b > 0):
+        # every entry of a column whose bias is positive, stored or not, becomes > 0: go dense
         y = z.toarray()
         y += b
         np.clip(y, 0, cap, out=y)
         return sp.csr_matrix(y)
     # "all" with b <= 0 equals "nonzero": an unstored entry gives max(0 + b, 0) = 0 either way.
     z.eliminate_zeros()  # MATLAB's logical(Z): a product that cancels to 0 gets no bias
-    z.data += b
+    z.data += b if b.ndim == 0 else b[z.indices]
     np.clip(z.data, 0, cap, out=z.data)
     z.eliminate_zeros()  # the ReLU's zeros leave the structure, so dead rows are empty rows
     return z

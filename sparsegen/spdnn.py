@@ -4,11 +4,14 @@
     result = net.run(inputs)                                   # inputs: (count, neurons) sparse or dense
     result.ids, result.features, result.teraedges_per_s
 
-Y_{l+1} = min(max(Y_l · W_l + b, 0), cap), layer after layer; inputs whose row became all zero are
+Y_{l+1} = min(max(Y_l · W_l + b_l, 0), cap), layer after layer; inputs whose row became all zero are
 dropped as the network goes. On the GPU the dropping happens on the device: each layer kernel
-flags the inputs that produced a nonzero, a pruning kernel compacts the alive list, and the next
+flags the rows that produced a nonzero, a pruning kernel compacts the alive list, and the next
 layer reads the alive count from device memory, so the host launches all layers without waiting
 for any of them (the 2020 code copied the flags back and compacted on the host every layer).
+
+converge="auto" (the default) computes each distinct row once and stops where the network has
+converged, exactly: the same ids and the same fp32 features, bit for bit (spdnn_converge.py).
 """
 from __future__ import annotations
 
@@ -21,18 +24,24 @@ import scipy.sparse as sp
 
 from . import api, graph
 from .analyze import ell_padding
+from . import graphchallenge as gc
+from . import spdnn_converge as cv
 from .errors import ShapeError
-from .families.spdnn_sliced_ell import default_block
+from .families.spdnn_sliced_ell import default_block, layer_bias
 from .formats import sliced_ell
 from .io import as_csr
+from .spdnn_build import LayerJob, Progress, build, layer_matrix, workers_for
 from .values import check_matrix, check_numbers
-
-SUPPORT_BLOCK = 256
 
 
 @dataclass(frozen=True)
 class Result:
-    """Surviving inputs (0-based ids, ascending), their final features, and how the run went."""
+    """Surviving inputs (0-based ids, ascending), their final features, and how the run went.
+
+    alive_per_layer: inputs alive after each layer (the challenge's count); distinct_per_layer: rows
+    each layer computed (inputs with equal rows computed once; 0 where the layer was skipped);
+    skipped: whether each layer was skipped (its rows were at a proven fixed point, or none was
+    left); passes: the deduplication candidates and what each decided."""
 
     ids: np.ndarray
     features: np.ndarray
@@ -40,6 +49,13 @@ class Result:
     inputs: int
     edges: int  # sum over layers of nnz(W_l)
     timings_ms: dict = field(default_factory=dict)
+    distinct_per_layer: tuple = ()
+    skipped: tuple = ()
+    passes: tuple = ()
+    converge: str = "off"
+    memory: dict = field(default_factory=dict)
+    launches: dict = field(default_factory=dict)  # GPU: layers launched per batch, the tail's first layer
+    layer_ms: tuple = ()  # GPU with split=True: per layer, ms of its kernel, deduplication and pruning
 
     @property
     def categories(self) -> np.ndarray:
@@ -48,58 +64,122 @@ class Result:
 
     @property
     def teraedges_per_s(self) -> float | None:
-        """inputs x sum(nnz) / inference time (kernels and pruning), as the challenge counts it."""
+        """inputs x sum(nnz) / inference time (kernels and pruning), as the challenge counts it: every
+        layer's edges, skipped layers included."""
         ms = self.timings_ms.get("inference")
         return self.inputs * self.edges / (ms * 1e-3) / 1e12 if ms else None
 
+    @property
+    def rows_computed(self) -> int:
+        """Rows computed over the run, summed over layers (inputs x layers without converge)."""
+        return int(sum(self.distinct_per_layer))
+
+    @property
+    def layers_run(self) -> int:
+        return int(sum(not s for s in self.skipped))
+
+    def summary(self) -> str:
+        """How many layers ran on how many distinct rows (one line)."""
+        ran = [d for d, s in zip(self.distinct_per_layer, self.skipped) if not s]
+        passes = [p for p in self.passes if p.ran]
+        rows = f"{min(ran)}-{max(ran)}" if ran and min(ran) != max(ran) else f"{ran[0] if ran else 0}"
+        tail = self.launches.get("tail_from")
+        return (f"{self.layers_run} of {len(self.skipped)} layers ran, on {rows} distinct rows ({self.rows_computed} "
+                f"row-layers in all); {len(passes)} deduplication pass(es) removed {sum(p.removed for p in passes)} "
+                f"rows" + (f"; layers {min(tail) + 1} on in one launch" if tail else "") + f"; converge {self.converge}")
+
+    def per_layer(self) -> list[dict]:
+        """The per-layer table: alive inputs, distinct rows computed, skipped (and, timed with
+        split=True, the GPU ms of the layer's launches)."""
+        rows = [{"layer": l + 1, "alive_inputs": a, "distinct_rows": d, "skipped": s}
+                for l, (a, d, s) in enumerate(zip(self.alive_per_layer, self.distinct_per_layer, self.skipped))]
+        for row, ms in zip(rows, self.layer_ms):
+            row["ms"] = ms
+        return rows
+
 
 class SparseDNN:
-    """A compiled sparse network: one kernel per layer (layers with equal specs share a cubin)."""
+    """A compiled sparse network: one kernel per layer (layers with equal specs share a cubin).
 
-    def __init__(self, layers, bias: float, cap: float | None = 32.0, *, bias_rule: str = "nonzero",
+    layers: W_1..W_L (challenge convention: inputs x outputs, so shapes chain as W_l.shape[1] ==
+    W_{l+1}.shape[0]), a list or any sequence that makes them on demand (graphchallenge.GeneratedNetwork).
+    bias: one number, or one entry per layer, each a number or an array over the layer's outputs.
+    converge: "auto" (deduplicate rows, skip layers proven to fix the converged rows, run the last
+    rows' layers in one launch) or "off"; exact either way. workers: processes that build the layers
+    (None: one per CPU for large networks, 0: none). progress: None (a counter on a terminal), a bool,
+    or a callable(done, total, seconds).
+    """
+
+    def __init__(self, layers, bias, cap: float | None = 32.0, *, bias_rule: str = "nonzero",
                  convention: str = "challenge", backend: str = "auto", arch: str | None = None,
                  minibatch: int = 16, block: int | None = None, unroll: bool = True,
-                 relabel: str = "auto", progress: bool | None = None):
-        if not len(layers):
+                 relabel: str = "auto", converge: str = "auto", workers: int | None = None,
+                 progress=None):
+        count = len(layers)
+        if not count:
             raise ShapeError("a network needs at least one layer")
         if convention not in ("challenge", "rows_out"):
             raise ShapeError("convention must be 'challenge' (W: inputs x outputs) or 'rows_out' (A = W^T)")
-        self.bias = float(check_numbers(bias, "float32", "bias"))
         self.cap = None if cap is None else float(check_numbers(cap, "float32", "cap"))
         self.bias_rule = bias_rule
+        self.converge = cv.check_mode(converge)
+        biases = [check_numbers(b, "float32", "bias") for b in gc.layer_biases(bias, count)]
         t0 = time.perf_counter()
-        show = sys.stderr.isatty() if progress is None else progress
+        lazy = not isinstance(layers, (list, tuple))
+        if not lazy:
+            _check_chain(layers, convention)
         options = {"minibatch": minibatch, "unroll": unroll, **({"block": block} if block else {})}
-        matrices = []
-        for i, layer in enumerate(layers):
-            w = as_csr(layer)
-            check_matrix(w, "float32", f"<layer {i + 1}>")  # the layer kernel stores weights as float32
-            a = w.T.tocsr() if convention == "challenge" else w
-            a.sort_indices()
-            if matrices and a.shape[1] != matrices[-1].shape[0]:
-                raise ShapeError(f"layer {i + 1} takes {a.shape[1]} inputs but layer {i} has "
-                                 f"{matrices[-1].shape[0]} outputs")
-            matrices.append(a)
-        tile = block or default_block(matrices[0].shape[0])
-        self.relabel = choose_relabeling(matrices, tile, relabel)
-        if self.relabel.applied:
-            matrices, self.output_order = relabeled(matrices, tile, by_graph=relabel == "graph")
-        else:
-            self.output_order = None
-        self.kernels = []
-        for i, a in enumerate(matrices):
-            self.kernels.append(api.compile(a, op="spdnn_layer", bias=bias, cap=cap, bias_rule=bias_rule,
-                                            options=options, backend=backend, arch=arch))
-            if show and time.perf_counter() - t0 > 1.0:
-                print(f"\rsparsegen: compiled layer {i + 1}/{len(layers)}", end="", file=sys.stderr, flush=True)
-        if show and time.perf_counter() - t0 > 1.0:
-            print(file=sys.stderr)
+        sample = [layer_matrix(layers, i, convention) for i in range(min(RELABEL_SAMPLE, count))]
+        tile = block or default_block(sample[0].shape[0])
+        self.relabel = choose_relabeling(sample, tile, relabel)
+        backend = api._resolve_backend(backend)
+        edges = sum(a.nnz for a in sample) * count // len(sample)
+        pool = workers_for(layers, edges, workers)
+        request = {"cap": self.cap, "bias_rule": bias_rule, "options": options, "arch": api._resolve_arch(arch, backend),
+                   "device": api._resolve_device(None, backend), "cubin": backend == "gpu" and pool > 0}
+
+        def job(l, orders):
+            return LayerJob(l, None if lazy else layers[l], layers if lazy else None, convention,
+                            orders[l - 1] if l and self.relabel.applied else None,
+                            orders[l] if self.relabel.applied else None, biases[l], request)
+
+        show = sys.stderr.isatty() if progress is None else progress
+        bar = Progress(count, show, "compiled layer")
+        built, orders = build(job, count, backend, pool, bar,
+                              (layers, convention, tile if relabel == "graph" else None)
+                              if self.relabel.applied else None)
+        bar.close()
+        self.kernels = [k for k, _ in built]
+        self.fixed = tuple(f for _, f in built)
+        self.fixed_from = cv.fixed_from(self.fixed)
+        self.output_order = orders[-1] if self.relabel.applied else None
+        for l in range(1, count):
+            if self.kernels[l].shape[1] != self.kernels[l - 1].shape[0]:
+                raise ShapeError(f"layer {l + 1} takes {self.kernels[l].shape[1]} inputs but layer {l} has "
+                                 f"{self.kernels[l - 1].shape[0]} outputs")
+        self.workers = pool
         self.compile_ms = 1e3 * (time.perf_counter() - t0)
         self.backend = self.kernels[0].backend
 
+    def release(self) -> None:
+        """Drop the layers' device copies now (a later GPU run uploads them again)."""
+        for k in self.kernels:
+            k._device_arrays = None
+
     @property
     def neurons(self) -> int:
+        """Input neurons (the first layer's)."""
         return self.kernels[0].shape[1]
+
+    @property
+    def outputs(self) -> int:
+        """Output neurons (the last layer's)."""
+        return self.kernels[-1].shape[0]
+
+    @property
+    def width(self) -> int:
+        """The widest layer, inputs or outputs: the row length of the activation buffers."""
+        return max(max(k.shape) for k in self.kernels)
 
     @property
     def edges(self) -> int:
@@ -110,24 +190,55 @@ class SparseDNN:
         """The distinct kernel specs of the network (often one for all its layers)."""
         return sorted({k.spec.name for k in self.kernels})
 
-    def run(self, inputs, batch: int | None = None, *, weights: str = "resident", prune: str = "device") -> Result:
+    def run(self, inputs, batch: int | None = None, *, weights: str = "resident", prune: str = "device",
+            converge: str | None = None, split: bool = False) -> Result:
         """Run every layer over `inputs` (count x neurons); returns the survivors.
 
         weights="streamed" copies each layer's weights to the GPU just ahead of its use (double
-        buffered on a second stream) instead of keeping all layers resident; prune="host" is the
-        2020 code's per-layer host round trip, kept for comparison."""
+        buffered on a second stream) instead of keeping all layers resident. prune="device" prunes on
+        the GPU (in the layer kernel itself where one tile holds the whole layer); "kernel" always in a
+        pruning kernel of its own, and "host" with the 2020 code's per-layer host round trip, both kept
+        for comparison (converge is off with "host"). converge: this run's mode (default: the
+        network's). split=True also times every launch (layer kernels, deduplication, pruning, the
+        tail; an event after each, which costs host time): `timings_ms` sums them by kind and
+        `layer_ms` gives them per layer."""
+        mode = cv.check_mode(self.converge if converge is None else converge)
+        if prune == "host":
+            mode = "off"
         x = as_csr(inputs)
         check_matrix(x, "float32", "<inputs>")
         x = x.astype(np.float32)
         if x.shape[1] != self.neurons:
             raise ShapeError(f"inputs: expected {self.neurons} columns (neurons), got {x.shape[1]}")
         if self.backend == "emulate":
-            result = self._run_emulated(x)
+            t0 = time.perf_counter()
+            traces, parts = self._run_emulated(x, mode == "auto")
+            timings, memory = {"compile": self.compile_ms, "inference": 1e3 * (time.perf_counter() - t0),
+                               "emulated": True}, {}
+            batch, launches = max(1, x.shape[0]), {}
         else:
             from . import runtime
+            from .spdnn_gpu import GpuRun
 
-            result = _GpuRun(self, runtime, weights, prune).run(x, batch)
-        return self._in_original_labels(result)
+            traces, parts, batch, timings, memory, launches = GpuRun(self, runtime, weights, prune).run(
+                x, batch, mode == "auto", split)
+        result = self._result(x, traces, parts, batch, mode)
+        layer_ms = tuple(launches.pop("ms_per_layer", ()))
+        return self._in_original_labels(replace(result, timings_ms=timings, memory=memory, launches=launches,
+                                                layer_ms=layer_ms))
+
+    def _result(self, x, traces, parts, batch, mode) -> Result:
+        ids, feats = [], []
+        for b, (trace, reps) in enumerate(zip(traces, parts)):
+            rows = min(batch, x.shape[0] - b * batch)
+            i, f = cv.expand(trace, reps, rows)
+            ids.append(i + b * batch)
+            feats.append(f)
+        ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+        feats = np.concatenate(feats) if feats else np.zeros((0, self.outputs), np.float32)
+        alive, distinct, skipped = cv.per_layer(traces, len(self.kernels))
+        return Result(ids.astype(np.int64), feats.astype(np.float32, copy=False), alive, x.shape[0], self.edges,
+                      {}, distinct, skipped, cv.pass_records(traces), mode)
 
     def _in_original_labels(self, result: Result) -> Result:
         """Relabeled networks compute the last layer's neurons in their new order: put them back."""
@@ -137,19 +248,27 @@ class SparseDNN:
         features[:, self.output_order] = result.features
         return replace(result, features=features)
 
-    def _run_emulated(self, x) -> Result:
-        t0 = time.perf_counter()
-        ids = np.arange(x.shape[0])
-        y = x.toarray()
-        alive = []
-        for kernel in self.kernels:
-            y = sliced_ell.layer(kernel.plan, y, self.bias, self.cap, self.bias_rule)
-            keep = (y > 0).any(axis=1)
-            ids, y = ids[keep], y[keep]
-            alive.append(int(ids.size))
-        ms = 1e3 * (time.perf_counter() - t0)
-        return Result(ids, y, tuple(alive), x.shape[0], self.edges,
-                      {"compile": self.compile_ms, "inference": ms, "emulated": True})
+    def _run_emulated(self, x, converge: bool):
+        """The GPU driver's run in NumPy: the same layers (as the plans hold them), the same converge
+        decisions, so the same per-layer table."""
+        def layer(l, y):
+            k = self.kernels[l]
+            return sliced_ell.layer(k.plan, y, layer_bias(k.spec, k.plan), self.cap, self.bias_rule)
+
+        trace, rows = cv.run(layer, x.toarray(), len(self.kernels), self.cap, self.fixed_from, converge)
+        reps = cv.final_rows(trace, rows, len(self.kernels), self.outputs, self.cap)
+        return [trace], [reps]
+
+
+def _check_chain(layers, convention: str) -> None:
+    """Shapes must chain (checked before anything is built, where the layers tell their shapes)."""
+    shapes = [getattr(w, "shape", None) for w in layers]
+    if any(s is None or len(s) != 2 for s in shapes):
+        return
+    io = [(s[0], s[1]) if convention == "challenge" else (s[1], s[0]) for s in shapes]
+    for l in range(1, len(io)):
+        if io[l][0] != io[l - 1][1]:
+            raise ShapeError(f"layer {l + 1} takes {io[l][0]} inputs but layer {l} has {io[l - 1][1]} outputs")
 
 
 @dataclass(frozen=True)
@@ -225,181 +344,3 @@ def relabeled(matrices, tile: int | None = None, by_graph: bool = False):
         out.append(a)
         previous = order
     return out, previous
-
-
-class _GpuRun:
-    """One run of a network on the GPU: buffers, launches, timing.
-
-    weights="resident": every layer's plan stays on the device. weights="streamed": each layer's
-    arrays live in one pinned host buffer and are copied on a second stream into one of two device
-    slots while the previous layer computes (double buffering). prune="device" compacts the alive
-    list on the GPU; prune="host" copies the flags back and compacts on the host every layer, as
-    the 2020 code did (kept to measure the difference).
-    """
-
-    def __init__(self, net: SparseDNN, runtime, weights: str = "resident", prune: str = "device"):
-        if weights not in ("resident", "streamed") or prune not in ("device", "host"):
-            raise ShapeError("weights must be 'resident' or 'streamed', prune 'device' or 'host'")
-        self.net, self.rt, self.weights, self.prune_on = net, runtime, weights, prune
-        self.drv = runtime._driver()
-        runtime.ensure_context()
-        self.sms = runtime.device().get_attribute(self.drv.device_attribute.MULTIPROCESSOR_COUNT)
-        first = net.kernels[0]
-        load = lambda name: runtime.load_function(first.cubin_key, first.cubin, name)  # noqa: E731
-        self.prune, self.scatter, self.iota, self.gather = (load(n) for n in
-                                                            ("spdnn_prune", "spdnn_scatter", "spdnn_iota", "spdnn_gather"))
-        self.layers = []
-        for k in net.kernels:
-            geometry = k.family.launch(k.spec, k.plan, self.sms)
-            func = runtime.load_function(k.cubin_key, k.cubin, k.family.KERNEL, geometry.shared_bytes)
-            args = k.family.arguments(k.spec)
-            names = [a.name for a in args if a.kind == "plan"]  # in the kernel's parameter order
-            # prepared: packing 14 arguments by format string, not by inspection, on every launch
-            func.prepare(runtime.arg_format(args))
-            if weights == "resident":
-                plan = k.device_arrays()
-                self.layers.append((func, geometry, [int(plan[n]) for n in names]))
-            else:
-                self.layers.append((func, geometry, _pack(k.plan.arrays, names, self.drv)))
-        self.prune.prepare("PPPPP")
-        if weights == "streamed":
-            size = max(packed.nbytes for _, _, (packed, _) in self.layers)
-            self.slots = [self.drv.mem_alloc(size) for _ in range(2)]
-            self.copy_stream, self.stream = self.drv.Stream(), self.drv.Stream()
-        else:
-            self.stream = None
-
-    def run(self, x: sp.csr_matrix, batch: int | None) -> Result:
-        drv, n = self.drv, self.net.neurons
-        t_all = time.perf_counter()
-        per_input = 2 * n * 4 + 3 * 4
-        free, _ = drv.mem_get_info()
-        batch = batch or max(1, min(x.shape[0], int(0.6 * free) // per_input))
-        parts, timings = [], {"transfer": 0.0, "kernels": 0.0, "pruning": 0.0, "inference": 0.0}
-        alive_total = np.zeros(len(self.layers), np.int64)
-        for start in range(0, x.shape[0], batch):
-            ids, feats, alive, t = self._run_batch(x[start:start + batch])
-            parts.append((ids + start, feats))
-            alive_total += alive
-            for key_ in timings:
-                timings[key_] += t[key_]
-        ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
-        feats = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, n), np.float32)
-        timings["compile"] = self.net.compile_ms
-        timings["total_run"] = 1e3 * (time.perf_counter() - t_all)
-        timings["batches"] = -(-x.shape[0] // batch) if x.shape[0] else 0
-        return Result(ids, feats, tuple(int(a) for a in alive_total), x.shape[0], self.net.edges, timings)
-
-    def _run_batch(self, x: sp.csr_matrix):
-        drv, n, rows = self.drv, self.net.neurons, x.shape[0]
-        layers = len(self.layers)
-        t = time.perf_counter()
-        y = [drv.mem_alloc(max(rows * n * 4, 4)) for _ in range(2)]
-        alive = [drv.mem_alloc(max(rows * 4, 4)) for _ in range(2)]
-        counts = drv.mem_alloc(8)
-        flags = drv.mem_alloc(max(rows * 4, 4))
-        history = drv.mem_alloc(max(layers * 4, 4))
-        drv.memset_d32(y[0], 0, rows * n)
-        drv.memset_d32(flags, 0, rows)
-        indptr = drv.to_device(x.indptr.astype(np.int32))
-        cols = drv.to_device(x.indices.astype(np.int32) if x.nnz else np.zeros(1, np.int32))
-        vals = drv.to_device(x.data.astype(np.float32) if x.nnz else np.zeros(1, np.float32))
-        grid = (min(max(rows, 1), 65535), 1, 1)
-        self.scatter(indptr, cols, vals, y[0], np.int32(rows), np.int32(n), block=(SUPPORT_BLOCK, 1, 1), grid=grid)
-        self.iota(alive[0], counts, np.int32(rows), block=(SUPPORT_BLOCK, 1, 1),
-                  grid=(min(-(-max(rows, 1) // SUPPORT_BLOCK), 4096), 1, 1))
-        drv.Context.synchronize()
-        upload_ms = 1e3 * (time.perf_counter() - t)
-
-        marks = [drv.Event() for _ in range(2 * layers + 1)]
-        prune_grid = (min(-(-max(rows, 1) // SUPPORT_BLOCK), 8 * self.sms), 1, 1)
-        c0, c1 = int(counts), int(counts) + 4
-        ys, alives, flag_ptr, hist_ptr = [int(p) for p in y], [int(p) for p in alive], int(flags), int(history)
-        stream = self.stream
-        copied = self._prefetch(0, None) if self.weights == "streamed" else None
-        host_alive = np.arange(rows, dtype=np.int32)
-        marks[0].record(stream)
-        for l, (func, geometry, fixed) in enumerate(self.layers):
-            cur, nxt = (c0, c1) if l % 2 == 0 else (c1, c0)
-            if self.weights == "streamed":
-                stream.wait_for_event(copied)  # layer l's weights are in slot l % 2
-                base, offsets = int(self.slots[l % 2]), fixed[1]
-                fixed = [base + o for o in offsets]
-            func.prepared_async_call(geometry.grid, geometry.block, stream, *fixed, ys[l % 2], ys[(l + 1) % 2],
-                                     alives[l % 2], cur, nxt, flag_ptr, hist_ptr, l,
-                                     shared_size=geometry.shared_bytes)
-            marks[2 * l + 1].record(stream)
-            if self.weights == "streamed" and l + 1 < layers:
-                copied = self._prefetch(l + 1, marks[2 * l - 1] if l else None)
-            if self.prune_on == "device":
-                self.prune.prepared_async_call(prune_grid, (SUPPORT_BLOCK, 1, 1), stream, alives[l % 2], cur,
-                                               flag_ptr, alives[(l + 1) % 2], nxt)
-            else:
-                host_alive = self._prune_on_host(host_alive, flag_ptr, alives[(l + 1) % 2], nxt)
-            marks[2 * l + 2].record(stream)
-        marks[-1].synchronize()
-        kernels = sum(marks[2 * l].time_till(marks[2 * l + 1]) for l in range(layers))
-        pruning = sum(marks[2 * l + 1].time_till(marks[2 * l + 2]) for l in range(layers))
-        inference = marks[0].time_till(marks[-1])
-
-        t = time.perf_counter()
-        final = layers % 2
-        count = np.zeros(1, np.int32)
-        drv.memcpy_dtoh(count, c0 if final == 0 else c1)
-        survivors = int(count[0])
-        out = drv.mem_alloc(max(survivors * n * 4, 4))
-        self.gather(y[final], alive[final], np.uintp(c0 if final == 0 else c1), out, np.int32(n),
-                    block=(SUPPORT_BLOCK, 1, 1), grid=(min(max(survivors, 1), 65535), 1, 1))
-        feats = np.empty((survivors, n), np.float32)
-        ids = np.empty(survivors, np.int32)
-        hist = np.empty(layers, np.int32)
-        if survivors:
-            drv.memcpy_dtoh(feats, out)
-            drv.memcpy_dtoh(ids, alive[final])
-        drv.memcpy_dtoh(hist, history)
-        download_ms = 1e3 * (time.perf_counter() - t)
-        order = np.argsort(ids, kind="stable")  # the pruning kernel appends in no fixed order
-        alive_after = np.r_[hist[1:], survivors]
-        timing = {"transfer": upload_ms + download_ms, "kernels": kernels, "pruning": pruning, "inference": inference}
-        return ids[order].astype(np.int64), feats[order], alive_after, timing
-
-    def _prefetch(self, l: int, slot_free):
-        """Copy layer l's packed weights into slot l % 2 on the copy stream, once the layer that
-        last used that slot (l - 2) is done; returns the event that marks the copy complete."""
-        packed, _ = self.layers[l][2]
-        if slot_free is not None:
-            self.copy_stream.wait_for_event(slot_free)
-        self.drv.memcpy_htod_async(self.slots[l % 2], packed, self.copy_stream)
-        done = self.drv.Event()
-        done.record(self.copy_stream)
-        return done
-
-    def _prune_on_host(self, host_alive, flag_ptr, alive_out, count_out):
-        """The 2020 way: flags to the host, compact there, alive list and count back (a round trip)."""
-        drv = self.drv
-        flags = np.empty(host_alive.size, np.int32)
-        if host_alive.size:
-            drv.memcpy_dtoh(flags, flag_ptr)
-        kept = np.ascontiguousarray(host_alive[flags != 0])
-        if kept.size:
-            drv.memcpy_htod(alive_out, kept)
-        drv.memcpy_htod(count_out, np.array([kept.size], np.int32))
-        if host_alive.size:
-            drv.memset_d32(flag_ptr, 0, host_alive.size)
-        return kept
-
-
-ALIGN = 256
-
-
-def _pack(arrays: dict, names, drv):
-    """A layer's arrays in one pinned host buffer (256-byte aligned pieces) and their offsets."""
-    offsets, total = [], 0
-    for n in names:
-        offsets.append(total)
-        total += -(-arrays[n].nbytes // ALIGN) * ALIGN
-    packed = drv.pagelocked_empty(max(total, ALIGN), np.uint8)
-    for n, o in zip(names, offsets):
-        raw = np.ascontiguousarray(arrays[n]).view(np.uint8).ravel()
-        packed[o:o + raw.size] = raw
-    return packed, offsets

@@ -115,8 +115,16 @@ def test_network_errors():
     net = sparsegen.SparseDNN(random_layers(32, 1, 4, seed=1), bias=0.0, backend="emulate", progress=False)
     with pytest.raises(ShapeError, match="expected 32 columns"):
         net.run(np.zeros((3, 31), np.float32))
-    with pytest.raises(ShapeError, match="one number"):
-        sparsegen.compile(random_csr(8, 8, 0.5), op="spdnn_layer", bias=[1.0] * 8, backend="emulate")
+    with pytest.raises(ShapeError, match=r"bias: expected a scalar or shape \(8,\), got \(7,\)"):
+        sparsegen.compile(random_csr(8, 8, 0.5), op="spdnn_layer", bias=[1.0] * 7, backend="emulate")
+    with pytest.raises(ShapeError, match="one per output neuron"):
+        sparsegen.compile(random_csr(8, 8, 0.5), op="spdnn_layer", bias=np.ones((8, 1)), backend="emulate")
+    with pytest.raises(ShapeError, match="one entry per layer \\(1\\), got 2"):
+        sparsegen.SparseDNN(random_layers(32, 1, 4, seed=1), bias=[0.0, 0.0], backend="emulate", progress=False)
+    with pytest.raises(ShapeError, match=r"bias of layer 1: expected a number or an array of its 32 output"):
+        sparsegen.SparseDNN(random_layers(32, 1, 4, seed=1), bias=[np.zeros(31)], backend="emulate", progress=False)
+    with pytest.raises(ShapeError, match="converge must be 'auto' or 'off'"):
+        sparsegen.SparseDNN(random_layers(32, 1, 4, seed=1), bias=0.0, backend="emulate", converge="on")
 
 
 def test_official_network_emulated(data_dir):

@@ -7,7 +7,11 @@ memory, and accumulates the minibatch in registers over the tile's sliced-ELL we
 counts the plan fixes (minibatch, buffer size and count, ELL width) are template constants, so the
 loops unroll; `unroll=False` builds the variant that reads them at run time.
 
-Used through `sparsegen.SparseDNN` (the network driver), which also runs the pruning kernel.
+Used through `sparsegen.SparseDNN` (the network driver), which also runs the support kernels of the
+same source: pruning, exact deduplication of rows and the converged tail (docs/decisions/006-converge.md).
+Where one tile holds every output neuron, the layer kernel also prunes: it appends the rows it keeps
+to the next alive list itself (`compact`); and it takes fewer inputs per pass when the rows left are
+too few to give every block a full minibatch (`passes_wanted`).
 """
 from __future__ import annotations
 
@@ -24,6 +28,9 @@ KERNEL = "spdnn_layer"
 # Measured on the H100 (n1024-l120, 60,000 MNIST-made inputs): tiles of 1024 outputs with 16 inputs
 # per pass ran 40.5 TeraEdges/s against 31.6 with 12 and 39.1 with 8 (docs/decisions/data/h100-80gb-hbm3/spdnn_block_minibatch_sweep.json).
 DEFAULT_MINIBATCH = 16
+# static shared memory of the layer kernel (the epilogue's per-warp votes, two rounds of two words per
+# warp), kept out of the footprint buffer's share
+EPILOGUE_SHARED_BYTES = 2 * 2 * 32 * 4
 
 
 @dataclass(frozen=True)
@@ -42,14 +49,16 @@ class Spec(KernelSpec):
     bias: float = 0.0
     cap: float | None = None
     bias_rule: str = "nonzero"  # "nonzero": challenge rule; "all": every output
+    bias_vector: bool = False  # one bias per output neuron (a plan array) instead of `bias`
 
     @property
     def name(self) -> str:
         trips = f"w{self.width}x{self.nbuf}" if self.width else "wrt"
         value = f".v{self.value:g}" if self.value is not None else ""
         cap = f".cap{self.cap:g}" if self.cap is not None else ""
+        bias = "biasv" if self.bias_vector else f"bias{self.bias:g}"
         return (f"{FAMILY}.n{self.neurons_in}x{self.neurons_out}.b{self.block}.mb{self.minibatch}"
-                f".s{self.stride}.buf{self.buf}.{trips}.i{self.index_bits}{value}.bias{self.bias:g}{cap}"
+                f".s{self.stride}.buf{self.buf}.{trips}.i{self.index_bits}{value}.{bias}{cap}"
                 f".{'nz' if self.bias_rule == 'nonzero' else 'all'}")
 
     @property
@@ -68,6 +77,7 @@ class Options(FamilyOptions):
     bias: float = option(0.0)
     cap: float | None = option()
     bias_rule: Literal["nonzero", "all"] = option("nonzero")
+    bias_vector: bool = option(False)  # one bias per output neuron: the vector travels in the plan
 
 
 def default_block(outputs: int) -> int:
@@ -88,9 +98,11 @@ def choose(stats, request: Request) -> tuple[Spec, str]:
     stride = padded_stride(minibatch)
     # 1024-thread blocks are register-bound to one per SM: give that block all the shared memory
     blocks_per_sm = 1 if block >= 1024 else request.device.max_threads_per_sm // block
-    capacity = min(request.device.shared_per_block_optin // blocks_per_sm // (stride * 4), 65536)
+    capacity = min((request.device.shared_per_block_optin // blocks_per_sm - EPILOGUE_SHARED_BYTES) // (stride * 4),
+                   65536)
     spec = Spec(k, m, block, minibatch, stride, capacity, 0, 0, 16 if capacity <= 65536 else 32, None,
-                float(request.option("bias", 0.0)), request.option("cap"), request.option("bias_rule", "nonzero"))
+                float(request.option("bias", 0.0)), request.option("cap"), request.option("bias_rule", "nonzero"),
+                bool(request.option("bias_vector", False)))
     reason = (f"{m} output neurons in tiles of {block}; minibatch {minibatch} in registers; footprint buffers of "
               f"up to {capacity} slots ({stride} floats each) in shared memory, so slot indices fit "
               f"{spec.index_bits} bits")
@@ -119,19 +131,27 @@ def _rule(stats, request: Request):
 RULES = (Rule("spdnn_sliced_ell", FAMILY, _rule),)
 
 ARGUMENTS = (Arg("map", "plan"), Arg("map_disp", "plan"), Arg("buf_disp", "plan"), Arg("warp_disp", "plan"),
-             Arg("index", "plan"), Arg("value", "plan"), Arg("y_in", "input"), Arg("y_out", "output"),
-             Arg("alive", "state"), Arg("count_in", "state"), Arg("count_next", "state"), Arg("flags", "state"),
-             Arg("history", "state"), Arg("layer", "layer"))
+             Arg("index", "plan"), Arg("value", "plan"), Arg("bias", "plan"), Arg("y_in", "input"),
+             Arg("y_out", "output"), Arg("alive", "state"), Arg("count_in", "state"), Arg("count_next", "state"),
+             Arg("count_clear", "state"), Arg("alive_next", "state"), Arg("weight", "state"), Arg("flags", "state"),
+             Arg("history", "state"), Arg("state", "state"), Arg("progress", "state"), Arg("layer", "layer"),
+             Arg("fixed_from", "layer"), Arg("compact", "layer"), Arg("passes_wanted", "layer"))
 
 
 def arguments(spec: Spec) -> tuple[Arg, ...]:
-    return tuple(a for a in ARGUMENTS if a.name != "value" or spec.value is None)
+    return tuple(a for a in ARGUMENTS if (a.name != "value" or spec.value is None)
+                 and (a.name != "bias" or spec.bias_vector))
 
 
 def encode(csr, spec: Spec, bias=None):
+    """The layer's sliced ELL; a per-neuron bias (`bias`, float32 per output neuron) rides along as
+    plan array "bias" when the spec reads one."""
     import numpy as np
 
-    return FORMAT.encode(csr, spec.block, spec.buf, np.uint16 if spec.index_bits == 16 else np.int32)
+    plan = FORMAT.encode(csr, spec.block, spec.buf, np.uint16 if spec.index_bits == 16 else np.int32)
+    if spec.bias_vector:
+        plan.arrays["bias"] = np.ascontiguousarray(bias, dtype=np.float32)
+    return plan
 
 
 DRIVER = "sparsegen.SparseDNN"  # on the GPU these kernels run inside the network driver
@@ -154,5 +174,10 @@ def alignment(spec: Spec) -> int:
     return 4
 
 
+def layer_bias(spec: Spec, plan):
+    """The bias the layer adds: a number, or one float32 per output neuron."""
+    return plan.arrays["bias"] if spec.bias_vector else spec.bias
+
+
 def emulate(spec: Spec, plan, inputs: dict):
-    return FORMAT.layer(plan, inputs["y_in"], spec.bias, spec.cap, spec.bias_rule)
+    return FORMAT.layer(plan, inputs["y_in"], layer_bias(spec, plan), spec.cap, spec.bias_rule)
