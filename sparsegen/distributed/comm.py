@@ -85,3 +85,24 @@ def collective(comm, fn, *args, **kwargs):
 def one_line(exc: BaseException) -> str:
     text = str(exc) if isinstance(exc, SparsegenError) else f"{type(exc).__name__}: {exc}"
     return " ".join(text.split())
+
+
+def mpiexec_command(ranks: int, mpiexec: str | None = None) -> list[str]:
+    """The command line that starts `ranks` ranks with the MPI next to this Python (the [mpi] extra puts
+    MPICH's mpiexec in the environment's bin directory), else the one on PATH. Open MPI's launcher gets
+    --oversubscribe (more ranks than cores) and, as root, --allow-run-as-root; MPICH's needs neither.
+    SparsegenError when there is none."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(sys.executable).parent / "mpiexec"
+    path = mpiexec or (str(here) if here.exists() else shutil.which("mpiexec"))
+    if path is None:
+        raise SparsegenError(f"no mpiexec next to {sys.executable} nor on PATH: {INSTALL}")
+    version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    extra = []
+    if "Open MPI" in version or "OpenRTE" in version or "prte" in version.lower():
+        extra = ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    return [path, *extra, "-n", str(int(ranks))]
