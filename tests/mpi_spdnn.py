@@ -1,5 +1,5 @@
 """Run under mpiexec by tests/test_distributed.py: a network over MPI ranks through the public API of
-sparsegen.distributed, on the emulator; rank 0 writes the answer and the tables to an .npz."""
+sparsegen.distributed, on the emulator unless --backend gpu; rank 0 writes the answer and the tables to an .npz."""
 from __future__ import annotations
 
 import argparse
@@ -19,12 +19,13 @@ def main(argv=None):
     p.add_argument("--bias", type=float, default=-0.3)
     p.add_argument("--rebalance", default="auto")
     p.add_argument("--converge", default="auto")
+    p.add_argument("--backend", default="emulate")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     comm = dist.world()
     layers = gc.read_network(a.weights, layers=a.layers)
     part = dist.read_inputs(a.inputs, layers[0].shape[0], comm)
-    net = dist.build(layers, comm, bias=a.bias, cap=32, backend="emulate", converge=a.converge)
+    net = dist.build(layers, comm, bias=a.bias, cap=32, backend=a.backend, converge=a.converge)
     r = dist.run(net, part, comm, rule=dist.RebalanceRule(mode=a.rebalance), features=True)
     if comm.rank == 0:
         np.savez(a.out, ids=r.ids, features=r.features, alive=np.array(r.alive_per_layer),

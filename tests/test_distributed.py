@@ -153,15 +153,16 @@ def test_the_launchers_environment_says_the_job_size(monkeypatch):
 
 # ------------------------------------------------------------------------------ segments (no MPI)
 
-def skewed_network(tmp_path, layers: int = 12):
+def skewed_network(tmp_path, layers: int = 8):
     """A generated network of the official kind and 300 inputs whose survivors all come first: 60
-    inputs on half of the residue classes (they grow to the cap and live), 240 sparse ones (they die
-    within a few layers), and copies among the survivors (deduplication merges them)."""
+    inputs on 4 to 32 of the 64 residue classes (most grow and live, the narrowest die after layer
+    4, where the first boundary is), 240 sparse ones (they die within a few layers), and copies among
+    the survivors (deduplication merges them)."""
     rng = np.random.default_rng(0)
     x = np.zeros((300, 1024), np.float32)
     blocks = np.arange(16)[:, None] * 64
     for i in range(60):  # over the survivors' few rows: each its own residue classes
-        x[i, (blocks + rng.choice(64, 32, replace=False)[None, :]).ravel()] = 1
+        x[i, (blocks + rng.choice(64, int(rng.integers(4, 33)), replace=False)[None, :]).ravel()] = 1
     x[60:][np.arange(240)[:, None], rng.integers(0, 1024, (240, 40))] = 1
     x[[7, 33, 59]] = x[1]
     gc.write_network(gc.generate_network(1024, layers, seed=1), tmp_path / "net")
@@ -169,26 +170,27 @@ def skewed_network(tmp_path, layers: int = 12):
     return tmp_path / "net", tmp_path / "skewed.tsv"
 
 
-def one_process(weights, inputs, layers=None, converge="auto"):
+def one_process(weights, inputs, layers=None, converge="auto", backend="emulate"):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        net = SparseDNN(gc.read_network(weights, layers=layers), bias=-0.3, cap=32, backend="emulate",
+        net = SparseDNN(gc.read_network(weights, layers=layers), bias=-0.3, cap=32, backend=backend,
                         converge=converge)
         return net.run(gc.read_inputs(inputs, 1024))
 
 
-def test_segments_run_one_after_another_give_the_whole_networks_answer(tmp_path):
+@pytest.mark.parametrize("backend", ["emulate", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_segments_run_one_after_another_give_the_whole_networks_answer(tmp_path, backend):
     weights, inputs = skewed_network(tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        net = SparseDNN(gc.read_network(weights), bias=-0.3, cap=32, backend="emulate", relabel="always")
+        net = SparseDNN(gc.read_network(weights), bias=-0.3, cap=32, backend=backend, relabel="always")
     x = gc.read_inputs(inputs, 1024)
     whole = net.run(x)
     ids, rows = np.arange(x.shape[0]), x
-    for a, b in ((0, 3), (3, 4), (4, 9), (9, 12)):
+    for a, b in ((0, 3), (3, 4), (4, 7), (7, 8)):
         part = net.segment(a, b).run(rows)
         ids, rows = ids[part.ids], part.features
-    assert whole.ids.size == 60 and np.array_equal(ids, whole.ids)
+    assert whole.ids.size == 51 and np.array_equal(ids, whole.ids)
     assert rows.tobytes() == whole.features.tobytes()
     with pytest.raises(SparsegenError, match="segment"):
         net.segment(4, 4)
@@ -262,6 +264,8 @@ def test_rebalancing_moves_skewed_survivors_and_keeps_the_answer(mpiexec, tmp_pa
     assert np.array_equal(got["ids"], ref.ids) and got["features"].tobytes() == ref.features.tobytes()
     moved = sum(r["rows_sent"] for r in table)
     assert moved > 0 and moved == sum(r["rows_received"] for r in table)
+    assert 0 < ref.ids.size < ref.alive_per_layer[3]  # inputs die after the boundary: ids must travel right
+    assert len(np.unique(ref.features, axis=0)) > ref.ids.size // 2  # and the features differ
     first = boundaries[0]
     assert first["layer"] == 4 and first["move"] and sum(first["rows"]) == sum(first["targets"])
     assert max(first["targets"]) - min(first["targets"]) <= 1
@@ -300,3 +304,19 @@ def test_a_failing_rank_ends_the_job_with_its_error(mpiexec, tmp_path, data_dir)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("sparsegen: error:")]
     assert len(errors) == 1, proc.stderr
     assert errors[0].endswith(f"rank 1: {inputs}:{bad + 1}: expected a number (value), found 'one'")
+
+
+@pytest.mark.gpu
+def test_two_ranks_share_one_gpu_and_give_one_processes_answer(mpiexec, tmp_path, data_dir):
+    gcdir = data_dir / "graphchallenge"
+    inputs = tmp_path / "inputs.tsv"
+    inputs.write_bytes(gzip.decompress((gcdir / OFFICIAL).read_bytes()))
+    ref = one_process(gcdir, inputs, backend="gpu")
+    got, table, _ = run_ranks(mpiexec, 2, tmp_path, gcdir, inputs, "--backend", "gpu", "--rebalance", "always")
+    assert np.array_equal(got["ids"], ref.ids) and got["features"].tobytes() == ref.features.tobytes()
+    assert [r["device"] for r in table] == [0, 0] and all(r["sharing"] == 2 for r in table)
+    weights, skewed = skewed_network(tmp_path)
+    ref = one_process(weights, skewed, backend="gpu")
+    got, table, _ = run_ranks(mpiexec, 2, tmp_path, weights, skewed, "--backend", "gpu", "--rebalance", "always")
+    assert np.array_equal(got["ids"], ref.ids) and got["features"].tobytes() == ref.features.tobytes()
+    assert sum(r["rows_sent"] for r in table) > 0
