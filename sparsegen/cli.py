@@ -103,9 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="run: one JSON object (the per-layer table too: alive inputs, distinct rows, skipped; on "
                         "MPI the per-rank table and each rebalancing decision)")
-    p.add_argument("--rebalance", default="auto", choices=["auto", "always", "off"],
-                   help="run on MPI: move surviving rows between ranks when the predicted saving pays for the move "
-                        "(auto), whenever the ranks are uneven (always), or never (default auto)")
+    p.add_argument("--rebalance", default="off", choices=["off", "auto", "always"],
+                   help="run on MPI: never stop between layers (off, the default), or stop at layers 4, 8, 16, ... and "
+                        "move surviving rows between ranks when the predicted saving pays for the move (auto) or "
+                        "whenever the ranks are uneven (always)")
     p.add_argument("--mpi", action="store_true",
                    help="run over MPI ranks (mpi4py) under a launcher that sets neither PMI_SIZE nor "
                         "OMPI_COMM_WORLD_SIZE; under mpiexec -n P > 1 it is on by itself")

@@ -17,7 +17,7 @@ def main(argv=None):
     p.add_argument("--inputs", required=True)
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--bias", type=float, default=-0.3)
-    p.add_argument("--rebalance", default="auto")
+    p.add_argument("--rebalance", default="off")
     p.add_argument("--converge", default="auto")
     p.add_argument("--backend", default="emulate")
     p.add_argument("--out", required=True)

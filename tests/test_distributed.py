@@ -51,32 +51,32 @@ def _ranks(rows, compute_s=1e-2, row_layers=1000, staging_s=0.0, width=1024):
 
 def test_decide_weighs_the_saving_against_the_bytes_moved():
     # t = 2 x 10 ms / 2000 row-layers = 10 us; 16 layers left; the slowest rank has 50 rows too many
-    d = decide(4, 20, _ranks([100, 0]), RebalanceRule())
+    d = decide(4, 20, _ranks([100, 0]), RebalanceRule(mode="auto"))
     assert d.move and d.moved == 50 and d.targets == (50, 50)
     assert d.saving_s == pytest.approx(50 * 16 * 1e-5)
     assert d.cost_s == pytest.approx(50 * (4 * 1024 + 8) / 10e9 + 20e-6 * 2)
-    slow = decide(4, 20, _ranks([100, 0]), RebalanceRule(bandwidth=1e5))  # 2 s to move: not worth 8 ms
+    slow = decide(4, 20, _ranks([100, 0]), RebalanceRule(mode="auto", bandwidth=1e5))  # 2 s to move: not worth 8 ms
     assert not slow.move and slow.moved == 0 and "<=" in slow.reason
-    even = decide(4, 20, _ranks([52, 48]), RebalanceRule())  # 52 < 1.1 x 50
+    even = decide(4, 20, _ranks([52, 48]), RebalanceRule(mode="auto"))  # 52 < 1.1 x 50
     assert not even.move and "within" in even.reason
     forced = decide(4, 20, _ranks([100, 0]), RebalanceRule(mode="always", bandwidth=1e5))
     assert forced.move and forced.moved == 50
 
 
 def test_decide_drops_the_later_boundaries_when_they_cannot_pay():
-    cheap = decide(4, 20, _ranks([100, 0]), RebalanceRule(), next_layer=8)
+    cheap = decide(4, 20, _ranks([100, 0]), RebalanceRule(mode="auto"), next_layer=8)
     assert cheap.go_on
     # staging one boundary costs 1 s; at most 100 x 1/2 x 12 layers x 10 us = 6 ms to gain
-    dear = decide(4, 20, _ranks([100, 0], staging_s=1.0), RebalanceRule(), next_layer=8)
+    dear = decide(4, 20, _ranks([100, 0], staging_s=1.0), RebalanceRule(mode="auto"), next_layer=8)
     assert not dear.go_on and "no further boundary" in dear.reason
     assert decide(4, 20, _ranks([100, 0], staging_s=1.0), RebalanceRule(mode="always"), next_layer=8).go_on
-    assert not decide(16, 20, _ranks([100, 0]), RebalanceRule(), next_layer=None).go_on
+    assert not decide(16, 20, _ranks([100, 0]), RebalanceRule(mode="auto"), next_layer=None).go_on
 
 
 def test_rule_boundaries_double_and_the_rule_rejects_bad_values():
-    assert RebalanceRule().boundaries(120, 2) == [4, 8, 16, 32, 64]
-    assert RebalanceRule(first=3).boundaries(20, 4) == [3, 6, 12]
-    assert RebalanceRule().boundaries(120, 1) == [] and RebalanceRule(mode="off").boundaries(120, 8) == []
+    assert RebalanceRule(mode="auto").boundaries(120, 2) == [4, 8, 16, 32, 64]
+    assert RebalanceRule(mode="always", first=3).boundaries(20, 4) == [3, 6, 12]
+    assert RebalanceRule(mode="auto").boundaries(120, 1) == [] and RebalanceRule().boundaries(120, 8) == []
     for bad in ({"mode": "sometimes"}, {"threshold": 0.5}, {"bandwidth": 0}, {"first": 0}):
         with pytest.raises(SparsegenError):
             RebalanceRule(**bad)
@@ -241,13 +241,13 @@ def run_ranks(mpiexec, ranks, tmp_path, weights, inputs, *extra):
     return got, json.loads(str(got["ranks"])), json.loads(str(got["boundaries"]))
 
 
-@pytest.mark.parametrize("ranks", [1, 2, 3])
-def test_ranks_give_the_official_answer_of_one_process_bit_for_bit(mpiexec, tmp_path, data_dir, ranks):
+@pytest.mark.parametrize("ranks, rebalance", [(1, "off"), (2, "auto"), (3, "always")])
+def test_ranks_give_the_official_answer_of_one_process_bit_for_bit(mpiexec, tmp_path, data_dir, ranks, rebalance):
     gcdir = data_dir / "graphchallenge"
     inputs = tmp_path / "inputs.tsv"  # plain: each rank reads its own byte range
     inputs.write_bytes(gzip.decompress((gcdir / OFFICIAL).read_bytes()))
     ref = one_process(gcdir, inputs)
-    got, table, _ = run_ranks(mpiexec, ranks, tmp_path, gcdir, inputs)
+    got, table, _ = run_ranks(mpiexec, ranks, tmp_path, gcdir, inputs, "--rebalance", rebalance)
     assert np.array_equal(got["ids"] + 1, gc.read_categories(gcdir / "categories-first1200.tsv"))
     assert np.array_equal(got["ids"], ref.ids) and got["features"].tobytes() == ref.features.tobytes()
     assert got["alive"].tolist() == list(ref.alive_per_layer)

@@ -19,14 +19,14 @@ rows move, runner.py how a run goes.
 from __future__ import annotations
 
 from ..spdnn import SparseDNN
-from .comm import RankError, collective, launched, world
+from .comm import RankError, collective, launched, mpiexec_command, world
 from .inputs import InputSlice, read_inputs
 from .network import build
 from .rebalance import RebalanceRule
 from .result import DistributedResult
 from .runner import Runner
 
-__all__ = ["world", "launched", "read_inputs", "build", "run", "collective", "RankError", "InputSlice",
+__all__ = ["world", "launched", "mpiexec_command", "read_inputs", "build", "run", "collective", "RankError", "InputSlice",
            "RebalanceRule", "DistributedResult"]
 
 

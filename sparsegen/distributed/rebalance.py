@@ -31,13 +31,16 @@ MODES = ("auto", "always", "off")
 
 @dataclass(frozen=True)
 class RebalanceRule:
-    """The rule's parameters. mode: "auto" (move when the predicted saving pays for the move), "always"
-    (move whenever the imbalance passes the threshold; for tests and measurements), "off" (never stop
-    between layers: each rank runs its rows through the whole network, as the 2020 code did).
+    """The rule's parameters. mode: "off" (the default: never stop between layers, each rank runs its
+    rows through the whole network, as the 2020 code did), "auto" (stop at the boundaries, move when
+    the predicted saving pays for the move), "always" (move whenever the imbalance passes the
+    threshold; for tests and measurements). Off is the default because a boundary stages the alive
+    rows through host memory, which costs more than rebalancing inputs in random order saves
+    (docs/decisions/007-rebalance.md).
     bandwidth (bytes/s) and latency (s) describe the slowest hop of a moved row: device to host, the
     interconnect, host to device."""
 
-    mode: str = "auto"
+    mode: str = "off"
     threshold: float = 1.10
     margin: float = 2.0
     bandwidth: float = 10e9

