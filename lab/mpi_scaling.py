@@ -116,7 +116,7 @@ def predict(rows, width: int, inputs: int, edges: int, p: int, times: Times, lin
 
 # ------------------------------------------------------------------------------- the official cases
 
-def cases(paths, deepen=()):
+def cases(paths, deepen=(), floor_s: float = 10e-6):
     """The cases of benchmark JSON files: converge-off time and alive curve (the one-GPU run computed
     every alive input at every layer). deepen: layer counts to extrapolate 120-layer cases to (the
     survivors stay as after layer 120, as the measured 1920-layer networks' do)."""
@@ -135,7 +135,7 @@ def cases(paths, deepen=()):
     for case in [c for c in out if len(c["rows"]) == 120]:
         for layers in deepen:
             rows = np.concatenate([case["rows"], np.full(layers - 120, case["rows"][-1])])
-            t = times_of(case, 10e-6)
+            t = times_of(case, floor_s)
             out.append({**case, "name": case["name"].replace("-l120", f"-l{layers}") + " (extrapolated)", "rows": rows,
                         "edges": case["edges"] * layers // 120, "converge_on": None,
                         "seconds": len(rows) * t.floor_s + rows.sum() * t.per_row_s})
@@ -157,7 +157,7 @@ def cmd_predict(a) -> int:
           f"{CHALLENGE_INPUTS}; Summit (768 V100, HPEC 2020): up to {SUMMIT['teraedges_per_s']:g} TeraEdges/s\n")
     print("| network | floor us | per row-layer ns | P | time ms | TE/s | efficiency | TE/s rebalanced | moves |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for case in cases(a.cases, a.deepen):
+    for case in cases(a.cases, a.deepen, a.floor * 1e-6):
         t = times_of(case, a.floor * 1e-6)
         scale = CHALLENGE_INPUTS / case["inputs"]
         rows = case["rows"] * scale
