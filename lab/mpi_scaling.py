@@ -109,8 +109,8 @@ def predict(rows, width: int, inputs: int, edges: int, p: int, times: Times, lin
     compute = float(np.sum(np.where(rows > 0, times.floor_s, 0.0) + slow * times.per_row_s))
     gather = link.latency * math.log2(max(p, 2)) + 8 * rows[-1] / link.bandwidth if p > 1 else 0.0
     total = compute + boundary_s + gather
-    return {"ranks": p, "time_ms": 1e3 * total, "slowest_row_layers": float(slow.sum()), "compute_ms": 1e3 * compute, "boundaries_ms": 1e3 * boundary_s,
-            "gather_ms": 1e3 * gather, "moves": moves, "teraedges_per_s": inputs * edges / total / 1e12,
+    return {"ranks": p, "time_ms": 1e3 * total, "slowest_row_layers": float(slow.sum()), "compute_ms": 1e3 * compute,
+            "boundaries_ms": 1e3 * boundary_s, "gather_ms": 1e3 * gather, "moves": moves, "teraedges_per_s": inputs * edges / total / 1e12,
             "slowest_rows_first_layer": int(slow[0])}
 
 
@@ -124,13 +124,15 @@ def cases(paths, deepen=(), floor_s: float = 10e-6):
     for path in paths:
         for c in json.loads(Path(path).read_text())["cases"]:
             ms = c.get("ms", {})
+            # a file from before converge has one time (converge off); a later one has both
             off = ms.get("sparsegen_converge_off", ms.get("sparsegen"))
+            on = ms["sparsegen"] if "sparsegen_converge_off" in ms else None
             if not off or "alive_per_layer" not in c or c["inputs"] < 2000:
                 continue
             alive = np.array(c["alive_per_layer"], np.float64)
             rows = np.concatenate([[c["inputs"]], alive[:-1]])
             out.append({"name": c["id"], "rows": rows, "inputs": c["inputs"], "width": c["neurons"],
-                        "edges": c["edges"], "seconds": off / 1e3, "converge_on": ms.get("sparsegen_converge_off") and ms["sparsegen"],
+                        "edges": c["edges"], "seconds": off / 1e3, "converge_on": on,
                         "distinct": c.get("distinct_per_layer"), "layers_run": c.get("layers_run")})
     for case in [c for c in out if len(c["rows"]) == 120]:
         for layers in deepen:

@@ -320,3 +320,22 @@ def test_two_ranks_share_one_gpu_and_give_one_processes_answer(mpiexec, tmp_path
     got, table, _ = run_ranks(mpiexec, 2, tmp_path, weights, skewed, "--backend", "gpu", "--rebalance", "always")
     assert np.array_equal(got["ids"], ref.ids) and got["features"].tobytes() == ref.features.tobytes()
     assert sum(r["rows_sent"] for r in table) > 0
+
+
+def test_one_rank_without_a_launcher_runs_the_mpi_path_with_mpi(tmp_path, data_dir):
+    """--mpi in a plain process: MPI starts as a singleton, and --count takes the first inputs there too."""
+    if importlib.util.find_spec("mpi4py") is None:
+        pytest.skip(f"mpi4py is not installed: {mpicomm.INSTALL}")
+    gcdir = data_dir / "graphchallenge"
+    inputs = tmp_path / "inputs.tsv"
+    inputs.write_bytes(gzip.decompress((gcdir / OFFICIAL).read_bytes()))
+    env = {k: v for k, v in os.environ.items() if k not in mpicomm.LAUNCHER_SIZE}
+    args = [sys.executable, "-m", "sparsegen", "spdnn", "--weights", str(gcdir), "--inputs", str(inputs),
+            "--count", "600", "--layers", "24", "--backend", "emulate", "--json"]
+    runs = [subprocess.run(args + extra, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+            for extra in ([], ["--mpi"])]
+    assert all(r.returncode == 0 for r in runs), runs[1].stderr
+    alone, mpi = (json.loads(r.stdout) for r in runs)
+    assert "ranks" not in alone and [r["inputs"] for r in mpi["ranks"]] == [600]
+    assert mpi["categories"] == alone["categories"] and mpi["inputs"] == alone["inputs"] == 600
+    assert mpi["alive_per_layer"] == alone["alive_per_layer"]

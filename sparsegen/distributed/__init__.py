@@ -26,8 +26,8 @@ from .rebalance import RebalanceRule
 from .result import DistributedResult
 from .runner import Runner
 
-__all__ = ["world", "launched", "mpiexec_command", "read_inputs", "build", "run", "collective", "RankError", "InputSlice",
-           "RebalanceRule", "DistributedResult"]
+__all__ = ["world", "launched", "mpiexec_command", "read_inputs", "build", "run", "collective", "RankError",
+           "InputSlice", "RebalanceRule", "DistributedResult"]
 
 
 def run(net: SparseDNN, part: InputSlice, comm, *, rule: RebalanceRule | None = None, features: bool = False,

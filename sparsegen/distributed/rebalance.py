@@ -156,7 +156,8 @@ def decide(layer: int, layers: int, shared, rule: RebalanceRule, next_layer: int
         bound = float(rows.max()) * (1 - 1 / p) * (layers - next_layer) * t
         go_on = bound > rule.margin * boundary_s
         if not go_on:
-            reason += f"; no further boundary (at most {1e3 * bound:.3g} ms to save, a boundary costs {1e3 * boundary_s:.3g} ms)"
+            reason += (f"; no further boundary (at most {1e3 * bound:.3g} ms to save, a boundary costs "
+                       f"{1e3 * boundary_s:.3g} ms)")
     move, go_on = bool(move), bool(go_on)
     return Decision(layer, tuple(int(r) for r in rows), tuple(int(r) for r in targets), moved if move else 0,
                     saving, cost, move, go_on, reason, transfers if move else None)

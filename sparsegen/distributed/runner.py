@@ -132,17 +132,16 @@ class Runner:
         send, recv = transfers[me], transfers[:, me]
         keep = self.ids.size - int(send.sum())
         rows = np.ascontiguousarray(self.rows, np.float32)
-        s_disp = keep + np.concatenate([[0], np.cumsum(send)[:-1]])
-        r_disp = np.concatenate([[0], np.cumsum(recv)[:-1]])
+        sends = (send.tolist(), (keep + np.concatenate([[0], np.cumsum(send)[:-1]])).tolist())
+        recvs = (recv.tolist(), np.concatenate([[0], np.cumsum(recv)[:-1]]).tolist())
         got = np.empty((int(recv.sum()), rows.shape[1]), np.float32)
         got_ids = np.empty(int(recv.sum()), np.int64)
         row = MPI.FLOAT.Create_contiguous(rows.shape[1]).Commit()
         try:
-            self.comm.Alltoallv([rows, (send.tolist(), s_disp.tolist()), row], [got, (recv.tolist(), r_disp.tolist()), row])
+            self.comm.Alltoallv([rows, sends, row], [got, recvs, row])
         finally:
             row.Free()
-        self.comm.Alltoallv([self.ids, (send.tolist(), s_disp.tolist()), MPI.INT64_T],
-                            [got_ids, (recv.tolist(), r_disp.tolist()), MPI.INT64_T])
+        self.comm.Alltoallv([self.ids, sends, MPI.INT64_T], [got_ids, recvs, MPI.INT64_T])
         self.rows = np.concatenate([rows[:keep], got])
         self.ids = np.concatenate([self.ids[:keep], got_ids])
         self.counts["rows_sent"] += int(send.sum())
