@@ -171,10 +171,12 @@ class Runner:
             ids, passes = np.zeros(0, np.int64), ()
         slowest = max(r["time_ms"] for r in ranks)
         timings = {"inference": slowest, "compute": max(r["compute_ms"] for r in ranks)}
-        return DistributedResult(ids, feats, tuple(int(a) for a in self.alive), self.part.total, self.net.edges,
-                                 timings, tuple(int(d) for d in self.distinct), tuple(bool(s) for s in self.skipped),
-                                 passes, self.mode, ranks=ranks, boundaries=tuple(decisions), size=comm.size,
-                                 rebalance=self.rule.mode, library=library())
+        return DistributedResult(ids=ids, features=feats, alive_per_layer=tuple(int(a) for a in self.alive),
+                                 inputs=self.part.total, edges=self.net.edges, timings_ms=timings,
+                                 distinct_per_layer=tuple(int(d) for d in self.distinct),
+                                 skipped=tuple(bool(s) for s in self.skipped), passes=passes, converge=self.mode,
+                                 ranks=ranks, boundaries=tuple(decisions), size=comm.size, rebalance=self.rule.mode,
+                                 library=library())
 
     def _gatherv(self, array: np.ndarray, mpi_type):
         """`array`'s rows from every rank, on rank 0 in rank order (None elsewhere)."""
