@@ -104,7 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run: compute each distinct row once and skip layers proven to fix the converged rows; "
                         "exact (default auto)")
     p.add_argument("--json", action="store_true",
-                   help="run: one JSON object (the per-layer table too: alive inputs, distinct rows, skipped)")
+                   help="run: one JSON object (the per-layer table too: alive inputs, distinct rows, skipped; on "
+                        "MPI the per-rank table and each rebalancing decision)")
+    p.add_argument("--rebalance", default="off", choices=["off", "auto", "always"],
+                   help="run on MPI: never stop between layers (off, the default), or stop at layers 4, 8, 16, ... and "
+                        "move surviving rows between ranks when the predicted saving pays for the move (auto) or "
+                        "whenever the ranks are uneven (always)")
+    p.add_argument("--mpi", action="store_true",
+                   help="run over MPI ranks (mpi4py) under a launcher that sets neither PMI_SIZE nor "
+                        "OMPI_COMM_WORLD_SIZE; under mpiexec -n P > 1 it is on by itself")
     p.add_argument("--neurons", type=int, default=1024, help="generate: neurons (16 * a power of two >= 512)")
     p.add_argument("--seed", type=int, default=0, help="generate: seed of the row permutations")
     p.add_argument("--images", metavar="IDX", help="mnist: MNIST images file (idx3-ubyte[.gz])")
@@ -331,6 +339,8 @@ def cmd_demo(args) -> int:
 def cmd_spdnn(args) -> int:
     from . import graphchallenge as gc
 
+    if args.action != "run" and _mpi_job() > 1:
+        raise SparsegenError(f"sparsegen spdnn {args.action} runs in one process: run it without mpiexec")
     if args.action == "generate":
         _need(args, "out", "layers")
         paths = gc.write_network(gc.generate_network(args.neurons, args.layers, seed=args.seed), args.out)
@@ -343,12 +353,25 @@ def cmd_spdnn(args) -> int:
         print(f"wrote {x.shape[0]} inputs of {x.shape[1]} pixels ({x.nnz} nonzeros) to {args.out}")
         return 0
     _need(args, "weights", "inputs")
+    if args.mpi or _mpi_job() > 1:
+        from .distributed import cli as mpi
+
+        def show(record):
+            print(json.dumps(record, indent=2) if args.json else format_spdnn(record) + "\n" + mpi.format_ranks(record))
+
+        return mpi.main(args, gc, show, lambda line, debug: _fail(line, debug))
     record = run_spdnn(args, gc)
     if args.json:
         print(json.dumps(record, indent=2))
     else:
         print(format_spdnn(record))
     return 0 if record["check"] in ("PASSED", "SKIPPED", None) else 1
+
+
+def _mpi_job() -> int:
+    from .distributed.comm import launched
+
+    return launched()
 
 
 def _need(args, *names):

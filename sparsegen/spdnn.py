@@ -15,6 +15,7 @@ converged, exactly: the same ids and the same fp32 features, bit for bit (spdnn_
 """
 from __future__ import annotations
 
+import copy
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -160,6 +161,26 @@ class SparseDNN:
         self.workers = pool
         self.compile_ms = 1e3 * (time.perf_counter() - t0)
         self.backend = self.kernels[0].backend
+
+    def segment(self, start: int, stop: int) -> "SparseDNN":
+        """Layers [start, stop) as a network of their own, sharing this one's compiled kernels.
+
+        Its `run` takes the rows entering layer `start` and returns those leaving layer stop - 1,
+        with ids that index the given rows. Between segments the rows are in the network's hidden
+        neuron labels (relabeling renames them); only a segment that ends at the last layer puts
+        its features back in the original labels. Running the segments one after the other on the
+        surviving rows gives the whole network's ids and features, bit for bit: each row's layers
+        read that row alone, deduplication merges only bitwise-equal rows, and a segment skips a
+        layer only when the layer is proven to fix the all-cap row (its own suffix of `fixed`)."""
+        count = len(self.kernels)
+        if not 0 <= start < stop <= count:
+            raise ShapeError(f"segment [{start}, {stop}) of a {count}-layer network: expected 0 <= start < stop <= {count}")
+        part = copy.copy(self)
+        part.kernels = self.kernels[start:stop]
+        part.fixed = self.fixed[start:stop]
+        part.fixed_from = cv.fixed_from(part.fixed)
+        part.output_order = self.output_order if stop == count else None
+        return part
 
     def release(self) -> None:
         """Drop the layers' device copies now (a later GPU run uploads them again)."""

@@ -4,8 +4,8 @@ Every fenced block of the README is a case, run from a scratch directory that ho
 `examples/`, with `sparsegen` (and `python`) on PATH meaning this checkout's:
 
 - ```python: the block runs as a script and must exit 0.
-- ```sh: each line of the form `sparsegen ...` or `python ...` runs and must exit 0; the other
-  lines (pip) are install steps, not examples.
+- ```sh: each line of the form `sparsegen ...`, `python ...` or `mpiexec ...` runs and must exit 0;
+  the other lines (pip) are install steps, not examples.
 - ```console: each `$ COMMAND` runs; the lines up to the next `$` are its expected stdout, line for
   line, where a line `...` stands for any number of lines and a line ending in `...` for any line
   that begins with the rest.
@@ -13,7 +13,8 @@ Every fenced block of the README is a case, run from a scratch directory that ho
 
 An HTML comment on the line just above a fence says what the block needs: `gpu` (a CUDA GPU with
 PyCUDA: the gpu tier), `nvcc` (the nvcc tier), `torch` (PyTorch importable), `data` (the shared
-data sets, given to the block as SPARSEGEN_DATA), several of them separated by spaces, or
+data sets, given to the block as SPARSEGEN_DATA), `mpi` (mpi4py importable and `mpiexec` on PATH:
+the [mpi] extra), several of them separated by spaces, or
 `not run: REASON` for a step no test may take (installing packages, the whole test suite).
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ from tests.conftest import REPO, data_root
 
 README = REPO / "README.md"
 MAX_LINES = 260
-NEEDS = {"gpu", "nvcc", "torch", "data"}
+NEEDS = {"gpu", "nvcc", "torch", "data", "mpi"}
 RUN_LANGUAGES = {"python", "sh", "bash", "shell", "console"}
 TIMEOUT_S = 900
 ENV_VAR = re.compile(r"SPARSEGEN_[A-Z0-9_]+")
@@ -136,6 +137,8 @@ def _skip_for_needs(block: Block) -> None:
         pytest.skip("PyTorch is not installed (pip install -e \".[torch]\")")
     if "data" in block.needs and data_root() is None:
         pytest.skip("shared data not found (set SPARSEGEN_DATA or place it at ../shared/data)")
+    if "mpi" in block.needs and (importlib.util.find_spec("mpi4py") is None or shutil.which("mpiexec") is None):
+        pytest.skip("mpi4py or mpiexec missing (pip install -e \".[mpi]\" puts both in the environment)")
 
 
 def run_python(block: Block, workdir: Path) -> None:
@@ -145,7 +148,8 @@ def run_python(block: Block, workdir: Path) -> None:
 
 
 def shell_commands(body: list[str]) -> list[str]:
-    """The `sparsegen ...` and `python ...` lines of a shell block (continuation lines joined)."""
+    """The `sparsegen ...`, `python ...` and `mpiexec ...` lines of a shell block (continuation lines
+    joined)."""
     joined, pending = [], ""
     for line in body:
         if line.rstrip().endswith("\\"):
@@ -153,12 +157,12 @@ def shell_commands(body: list[str]) -> list[str]:
             continue
         joined.append(pending + line)
         pending = ""
-    return [c.strip() for c in joined if c.strip().split(" ", 1)[0] in ("sparsegen", "python")]
+    return [c.strip() for c in joined if c.strip().split(" ", 1)[0] in ("sparsegen", "python", "mpiexec")]
 
 
 def run_shell(block: Block, workdir: Path) -> None:
     commands = shell_commands(block.body)
-    assert commands, f"{block.id}: a shell block with no `sparsegen ...` or `python ...` line to run"
+    assert commands, f"{block.id}: a shell block with no `sparsegen ...`, `python ...` or `mpiexec ...` line to run"
     for command in commands:
         _run(command, workdir, f"`{command}` ({block.id})", shell=True)
 
@@ -229,8 +233,8 @@ def test_markers_and_fences_are_read():
 
 
 def test_shell_lines_that_run():
-    body = ["pip install -e .", "sparsegen demo", "python -m pytest \\", "  -q", "export X=1"]
-    assert shell_commands(body) == ["sparsegen demo", "python -m pytest    -q"]
+    body = ["pip install -e .", "sparsegen demo", "python -m pytest \\", "  -q", "export X=1", "mpiexec -n 2 sparsegen x"]
+    assert shell_commands(body) == ["sparsegen demo", "python -m pytest    -q", "mpiexec -n 2 sparsegen x"]
 
 
 def test_console_output_matching():
