@@ -89,7 +89,7 @@ def test_model_reproduces_the_measured_times(torch_binding):
 @pytest.mark.parametrize("row", probe_rows(), ids=lambda r: f"{r[0]}x{r[1]}-s{r[2]}-n{r[3]}")
 def test_selected_kernel_is_never_measured_below_095x_cublas_and_takes_clear_wins(row, torch_binding):
     """The kernel the rules pick, looked up in the measured row: at 50 % sparsity (none in this run: the
-    llm suite checks it) at least 0.95x cuBLAS (issue 6's floor), elsewhere at least 0.90x; and a
+    llm suite checks it) at least 0.95x cuBLAS (the llm suite's floor), elsewhere at least 0.90x; and a
     sparse kernel whenever one was measured 1.35x faster than cuBLAS. Over these 36 rows the picks
     reach 1.37/1.50/1.73x cuBLAS at 70/80/90 %, the best of the four 1.37/1.53/1.74x (the one miss
     past 5 %: 7168^2 at 80 %, N = 8, Tiled-CSL where register pairs ran 9 % faster)."""
@@ -118,7 +118,7 @@ def test_half_sparse_wide_goes_dense_and_ninety_percent_narrow_goes_to_register_
 
 
 def test_sixteen_column_blocks_take_their_own_factor_and_ninety_percent_goes_to_register_pairs(torch_binding):
-    """As measured (llm/llm.json, stop 36): 12288 x 49152 at 90 %, N = 16: register pairs 157.4 us
+    """As measured on the H100 (its llm suite): 12288 x 49152 at 90 %, N = 16: register pairs 157.4 us
     against Tiled-CSL's stream-K 181.0. The line through N = 8 and 32 alone (n16 = 1) picked
     Tiled-CSL there; the fitted n16 factor scales 16-column blocks only."""
     ninety = uniform_stats(12288, 49152, 0.1)
