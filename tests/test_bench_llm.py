@@ -892,3 +892,24 @@ def test_selection_quality_counts_the_floor_and_the_five_percent_band_on_both_si
     md = "\n".join(llm_report._selection_section(cases))
     assert "selected ≥ 0.97× cuBLAS in **3 / 4** cases" in md and "in **3 / 4** (75.0%)" in md
     assert "- miss: b N=8 tiled_csl_spmm: 1.053× the fastest" in md
+
+
+def test_compile_ahead_builds_the_contenders_the_gpu_will_time():
+    """A near tie on the default device: the worker compiles each contender with the options the
+    measuring process's compile() will ask for, so that timing them finds every plan cached."""
+    from types import SimpleNamespace
+
+    from sparsegen.bench import llm
+    from sparsegen.select.device import DeviceModel
+
+    from .helpers import random_csr
+
+    a = random_csr(4096, 4096, 0.1, seed=1)
+    case = SimpleNamespace(n=16, dtype="float16")
+    job = SimpleNamespace(arch="sm_90", device=DeviceModel.default(), cubin=False)
+    out = llm.compile_case(a, case, job)
+    assert out["errors"] == {}
+    assert {"family=tiled_csl_spmm", "family=tiled_bitmap_spmm,granule=1",
+            "family=tiled_bitmap_spmm,granule=2"} <= set(out["specs"])
+    assert out["specs"]["family=tiled_bitmap_spmm,granule=2"].endswith(".g2")
+    assert {"sparsegen", "tiled_bitmap_spmm"} <= set(out["specs"]) and "tiled_csl_spmm" not in out["specs"]  # selected

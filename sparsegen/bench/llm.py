@@ -319,8 +319,9 @@ def precompile(job: prefetch.Job) -> dict:
 
 
 def compile_case(A, case: Case, job: prefetch.Job) -> dict:
-    """The default selection and each forced family not selected, with backend "emulate" and the
-    GPU's arch: {"errors", "specs"} by name ("sparsegen" or the family)."""
+    """The default selection, the contenders the GPU will time for it (`selection.contenders`), and
+    each forced family not selected, with backend "emulate" and the GPU's arch: {"errors", "specs"}
+    by name ("sparsegen", a family, or a contender's options)."""
     import sparsegen
 
     out = {"errors": {}, "specs": {}}
@@ -332,13 +333,15 @@ def compile_case(A, case: Case, job: prefetch.Job) -> dict:
             if job.cubin:
                 k.cubin  # noqa: B018 - compiles and caches it
             out["specs"][name] = k.spec.name
-            return k.spec.family
+            return k
         except Exception as exc:  # the measuring process meets it again and records it
             out["errors"][name] = message(exc)
             return None
 
-    family = one("sparsegen", None)
-    for fam in compile_requests(family):
+    selected = one("sparsegen", None)
+    for contender in selected.selection.contenders if selected is not None else ():
+        one(",".join(f"{k}={v}" for k, v in contender), dict(contender))
+    for fam in compile_requests(selected.spec.family if selected is not None else None):
         one(fam, {"family": fam})
     return out
 
