@@ -17,7 +17,10 @@ backward branch whose range holds the most HMMA (ties: the widest range). Three 
 
 Inner loops (backward branches inside the main loop) are counted once on the path and listed with
 their size, so a caller who knows their trip count from the plan can weigh them
-(`LoopCount.weighted`).
+(`LoopCount.weighted`). One thread's work is counted apart (`single`): the instructions on the path
+inside a region that a forward branch skips and that issues a bulk copy or an mbarrier arrival (a
+producer's `if (threadIdx.x == 0)`: one warp of the block runs it, the others branch past it), so
+that a per-warp average can weigh it by 1 / warps (`LoopCount.per_warp`).
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ CLASSES = {
     "LDSM": "ldmatrix",
     "LDS": "shared load", "STS": "shared store",
     "LDGSTS": "cp.async", "LDGDEPBAR": "cp.async", "DEPBAR": "cp.async", "UBLKCP": "bulk copy", "SYNCS": "mbarrier",
+    "UTMALDG": "bulk copy",
     "SHFL": "shuffle", "REDUX": "shuffle", "VOTE": "shuffle",
     "BAR": "barrier", "WARPSYNC": "barrier", "BSSY": "branch", "BSYNC": "branch", "BRA": "branch", "EXIT": "branch",
     "POPC": "bit", "FLO": "bit", "BREV": "bit", "R2P": "bit", "P2R": "bit", "PRMT": "bit", "LOP3": "bit", "SHF": "bit",
@@ -135,11 +139,16 @@ class LoopCount:
     opcodes: dict = field(default_factory=dict)  # opcode -> instructions on the path
     inner: list = field(default_factory=list)  # (head, back, instructions) of inner loops on the path
     skipped: list = field(default_factory=list)  # (branch address, instructions it skips) of forward branches
+    single: int = 0  # instructions of the path only one warp runs (a producer thread's copies)
 
     def weighted(self, trips: dict[int, float]) -> float:
         """The path with each inner loop (by its head address) counted `trips[head]` times instead of once."""
         extra = sum((trips.get(h, 1.0) - 1.0) * size for h, _, size in self.inner)
         return self.path + extra
+
+    def per_warp(self, warps: int, trips: dict[int, float] | None = None) -> float:
+        """`weighted`, with one thread's work shared out over the block's `warps` warps."""
+        return self.weighted(trips or {}) - self.single * (1.0 - 1.0 / warps)
 
 
 def main_loop(code: list[Instruction]) -> tuple[int, int]:
@@ -194,6 +203,29 @@ def walk(code: list[Instruction], head: int, back: int) -> tuple[list[int], list
     return path, inner, skipped
 
 
+PRODUCER = ("UBLKCP", "UTMALDG", "SYNCS.ARRIVE")  # opcodes (prefixes) only a producer thread issues
+ALL_THREADS = ("LDGSTS", "HMMA", "HGMMA", "LDSM")  # ... and some that every thread issues
+
+
+def single_thread(code: list[Instruction], path: list[int], head: int, back: int) -> int:
+    """Instructions of `path` inside the widest region a forward branch of the loop skips that issues
+    a bulk copy or an mbarrier arrival and no per-thread copy or mma (a producer thread's work, not a
+    guard every warp passes, such as the ring's last trips)."""
+    index = {ins.address: i for i, ins in enumerate(code)}
+    best = None
+    for i in range(head, back):
+        ins = code[i]
+        t = ins.target
+        if not (ins.is_branch and ins.conditional and t in index and i < index[t] <= back + 1):
+            continue
+        body = code[i + 1:index[t]]
+        if any(c.opcode.startswith(PRODUCER) for c in body) and not any(
+                c.opcode.startswith(ALL_THREADS) for c in body):
+            if best is None or index[t] - i > best[1] - best[0]:
+                best = (i + 1, index[t])
+    return 0 if best is None else sum(1 for i in path if best[0] <= i < best[1])
+
+
 def count(code: list[Instruction], kernel: str = "") -> LoopCount:
     head, back = main_loop(code)
     path, inner, skipped = walk(code, head, back)
@@ -203,7 +235,7 @@ def count(code: list[Instruction], kernel: str = "") -> LoopCount:
     tail = [ins for ins in code if ins.opcode != "NOP" or ins.address < code[back].address]
     outside = sum(1 for ins in tail if not code[head].address <= ins.address <= code[back].address)
     return LoopCount(kernel, code[head].address, code[back].address, back - head + 1, len(path), outside,
-                     dict(classes), dict(opcodes), inner, skipped)
+                     dict(classes), dict(opcodes), inner, skipped, single_thread(code, path, head, back))
 
 
 def count_cubin(cubin: bytes, kernel: str | None = None) -> LoopCount:
@@ -223,7 +255,8 @@ def main() -> int:
     a = p.parse_args()
     cubin = open(a.cubin, "rb").read()
     c = count_cubin(cubin, a.kernel)
-    print(f"{c.kernel}: loop {c.head:#x}-{c.back:#x}: body {c.body}, path {c.path}, outside {c.outside}")
+    print(f"{c.kernel}: loop {c.head:#x}-{c.back:#x}: body {c.body}, path {c.path} (one thread's: {c.single}), "
+          f"outside {c.outside}")
     print("  " + ", ".join(f"{k} {v}" for k, v in sorted(c.classes.items(), key=lambda kv: -kv[1])))
     for h, b, size in c.inner:
         print(f"  inner loop {h:#x}-{b:#x}: {size} instructions")
