@@ -135,7 +135,10 @@ def choose(stats, request: Request, kernel_s: float) -> tuple[Spec, str]:
     resident, _ = ring_for(128, tile_k, bn, cap_est, request)
     split = T.choose_split(stats, request, n, bn, resident, kernel_s, heights=(128, 64), stream_bns=())
     k_tiles = -(-k // tile_k)
-    split_k = max(1, min(split.split_k, k_tiles // 2 if k_tiles >= 2 else 1))
+    # in this spec's k-tiles: a split asked for as asked (at most one k-tile each), else the chooser's
+    # (each split at least T.MIN_K_TILES_PER_SPLIT 64-column tiles' worth)
+    most = k_tiles if request.option("split_k") is not None else k_tiles * tile_k // (T.MIN_K_TILES_PER_SPLIT * T.TILE_K)
+    split_k = max(1, min(split.split_k, most))
     split_k = -(-k_tiles // -(-k_tiles // split_k))  # no empty split
     reduction = split.reduction if split_k > 1 else "none"
     if split_k > 1 and reduction == "none":
