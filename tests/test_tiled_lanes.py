@@ -254,8 +254,38 @@ def test_finalize_sizes_the_stream_buffer_for_the_fullest_tile():
     head = fmt.header_words(128, 128)
     assert kernel.spec.cap_chunks == (head + 128 * 64) // 4 == kernel.plan.constants["max_tile_chunks"]
     assert fam.MIN_STAGES <= kernel.spec.stages <= fam.MAX_STAGES
-    assert kernel.spec.shared_bytes <= T.smem_budget(kernel.spec.min_blocks, kernel.request.device)
+    static = fam.static_bytes(kernel.spec.kt_per_split)  # the block's tile offsets and barriers
+    assert kernel.spec.shared_bytes + static <= T.smem_budget(kernel.spec.min_blocks, kernel.request.device)
     assert rel_error(y, ref) <= TOL["float16"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 60000), k=st.integers(1, 60000), density=st.floats(0.05, 1.0), n=st.integers(1, 256),
+       fullest=st.floats(0.0, 1.0), tile_m=st.sampled_from([None, 64, 128, 256]),
+       tile_k=st.sampled_from([None, 64, 128]))
+def test_every_chosen_spec_fits_an_sm_with_the_residency_it_asks_for(m, k, density, n, fullest, tile_m, tile_k):
+    """Ring, tile offsets and barriers fit the shared memory the residency leaves, whatever the
+    fullest tile; the registers the residency allows cover the estimate; clusters of 2-8."""
+    from sparsegen.formats import Plan
+
+    if tile_m == 256 and n > 32:
+        tile_m = 128
+    options = tuple((key, v) for key, v in (("family", fam.FAMILY), ("tile_k", tile_k), ("tile_m", tile_m)) if v)
+    request = Request("spmm", n=n, dtype="float16", arch="sm_90", options=options)
+    decision = rule_decision(uniform_stats(m, k, density), request, fam.FAMILY)
+    assert decision.accepted, decision.reason
+    spec = decision.spec
+    head = fmt.header_words(spec.tile_m, spec.tile_k)
+    chunks = (head + max(1, int(fullest * spec.tile_m * spec.tile_k / 2))) // 4 + 1
+    spec = fam.finalize(spec, Plan("tiled_lanes", {}, {"max_tile_chunks": chunks}), request)
+    assert fam.MIN_STAGES <= spec.stages <= fam.MAX_STAGES and spec.cap_chunks == chunks
+    device = request.device
+    assert spec.shared_bytes + fam.static_bytes(spec.kt_per_split) <= T.smem_budget(spec.min_blocks, device)
+    assert spec.min_blocks == 1 or fam.registers(spec.tile_m, spec.bn, spec.tile_k) * T.THREADS * spec.min_blocks \
+        <= device.registers_per_sm
+    assert spec.kt_per_split * spec.split_k >= spec.k_tiles > spec.kt_per_split * (spec.split_k - 1)
+    if spec.reduction == "cluster":
+        assert 2 <= spec.split_k <= T.MAX_CLUSTER
 
 
 @pytest.mark.parametrize("options,needle", [({"wgmma": True}, "wgmma"), ({"reduction": "stream"}, "reduction"),

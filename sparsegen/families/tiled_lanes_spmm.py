@@ -89,14 +89,20 @@ def registers(tile_m: int, bn: int, tile_k: int, warps: int = T.WARPS) -> int:
     return REGS_BASE + T.accumulators(tile_m, bn, warps) + 4 * mf + 2 * nf + 2 * bw
 
 
-def ring_for(tile_m: int, tile_k: int, bn: int, cap_chunks: int, request: Request,
+def static_bytes(kt_per_split: int) -> int:
+    """Static shared memory beside the ring: the block's tile offsets and a barrier per stage (at most
+    MAX_STAGES), which the ring's budget must leave room for."""
+    return 4 * (kt_per_split + 1) + 8 * MAX_STAGES
+
+
+def ring_for(tile_m: int, tile_k: int, bn: int, cap_chunks: int, kt_per_split: int, request: Request,
              blocks: int | None = None) -> tuple[int, int]:
-    """(resident blocks, ring depth) for stages of `cap_chunks` chunks: `T.ring_shape` (options
-    stages= forces the depth, blocks= the residency)."""
+    """(resident blocks, ring depth) for stages of `cap_chunks` chunks beside the static shared memory
+    of `kt_per_split` tiles: `T.ring_shape` (options stages= forces the depth, blocks= the residency)."""
     forced = request.option("stages")
     stage = stage_bytes(tile_m, tile_k, bn, cap_chunks)
-    return T.ring_shape(0, stage, stage, registers(tile_m, bn, tile_k), DEFAULT_MIN_STAGES, MAX_STAGES, MAX_BLOCKS,
-                        None if forced is None else max(MIN_STAGES, int(forced)),
+    return T.ring_shape(static_bytes(kt_per_split), stage, stage, registers(tile_m, bn, tile_k), DEFAULT_MIN_STAGES,
+                        MAX_STAGES, MAX_BLOCKS, None if forced is None else max(MIN_STAGES, int(forced)),
                         forced_blocks=T.request_blocks(request) or blocks, device=request.device)
 
 
@@ -132,9 +138,9 @@ def choose(stats, request: Request, kernel_s: float) -> tuple[Spec, str]:
     fullest = stats.tiles.max_nnz * (1.0 - stats.density / 2) * tile_k / T.TILE_K  # registers of the fullest tile
     head = FORMAT.header_words(128, tile_k)
     cap_est = -(-(head + int(round(fullest)) + 4) // 4)
-    resident, _ = ring_for(128, tile_k, bn, cap_est, request)
-    split = T.choose_split(stats, request, n, bn, resident, kernel_s, heights=(128, 64), stream_bns=())
     k_tiles = -(-k // tile_k)
+    resident, _ = ring_for(128, tile_k, bn, cap_est, k_tiles, request)
+    split = T.choose_split(stats, request, n, bn, resident, kernel_s, heights=(128, 64), stream_bns=())
     # in this spec's k-tiles: a split asked for as asked (at most one k-tile each), else the chooser's
     # (each split at least T.MIN_K_TILES_PER_SPLIT 64-column tiles' worth)
     most = k_tiles if request.option("split_k") is not None else k_tiles * tile_k // (T.MIN_K_TILES_PER_SPLIT * T.TILE_K)
@@ -144,7 +150,7 @@ def choose(stats, request: Request, kernel_s: float) -> tuple[Spec, str]:
     if split_k > 1 and reduction == "none":
         reduction = "atomic"
     cap = max(1, cap_est * split.tile_m // 128)
-    blocks, stages = ring_for(split.tile_m, tile_k, bn, cap, request, blocks=split.blocks)
+    blocks, stages = ring_for(split.tile_m, tile_k, bn, cap, -(-k_tiles // split_k), request, blocks=split.blocks)
     spec = Spec(short_name(request.dtype), T.out_dtype(request), m, k, n, split.tile_m, bn, split_k, reduction,
                 request.bias, request.relu, blocks, T.WARPS, 1, False, stages=stages, tile_k=tile_k)
     why = (f"{spec.tile_m}x{tile_k} tiles ({'128-wide at' if tile_k == 128 else 'at'} N = {n}), "
@@ -197,7 +203,7 @@ def encode(csr, spec: Spec, bias=None):
 def finalize(spec: Spec, plan, request: Request) -> Spec:
     """Size a stage's stream buffer for the fullest tile, then the ring depth and residency."""
     cap = max(1, plan.constants["max_tile_chunks"])
-    blocks, stages = ring_for(spec.tile_m, spec.tile_k, spec.bn, cap, request)
+    blocks, stages = ring_for(spec.tile_m, spec.tile_k, spec.bn, cap, spec.kt_per_split, request)
     return dataclasses.replace(spec, cap_chunks=cap, stages=stages, min_blocks=blocks)
 
 
