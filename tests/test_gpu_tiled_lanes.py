@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 FAMILY = "tiled_lanes_spmm"
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(m=st.integers(1, 400), k=st.integers(1, 600), density=st.floats(0.05, 1), n=st.integers(1, 48),
        shape=st.sampled_from([(128, 128), (128, 64), (64, 128), (64, 64), (256, 128)]),
        epilogue=st.sampled_from(["none", "bias", "bias_relu"]), seed=st.integers(0, 10_000))
