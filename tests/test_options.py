@@ -51,6 +51,8 @@ CASES = {
     "tiled_bitmap_spmm": ({"granule": 2, "bn": 16}, {"granule": 2, "bn": 16},
                           [({"granule": 3}, "options granule=3: expected one of (1, 2)"),
                            ({"blocks": 0}, "options blocks=0: expected resident blocks per SM")]),
+    "tiled_lanes_spmm": ({"tile_k": 64, "tile_m": 256}, {"tile_k": 64, "tile_m": 256},
+                         [({"tile_k": 32}, "options tile_k=32: expected one of (64, 128)")]),
 }
 
 
@@ -100,7 +102,7 @@ def test_compile_refuses_a_typo_naming_it_and_the_valid_options():
 def test_compile_refuses_a_value_no_family_takes_and_a_forced_familys_bad_value():
     a = random_csr(64, 64, 0.2, seed=1)
     with pytest.raises(OptionsError, match=r"options tile_m=96: expected one of 64, 128, 256 \(tiled_bitmap_spmm, "
-                                           r"tiled_csl_spmm\); options tile_m=96: expected one of 64, 128 "
+                                           r"tiled_csl_spmm, tiled_lanes_spmm\); options tile_m=96: expected one of 64, 128 "
                                            r"\(dense_tile_spmm\)"):
         sparsegen.compile(a, n=64, backend="emulate", options={"tile_m": 96})
     with pytest.raises(OptionsError, match="options unroll=3"):
@@ -114,7 +116,7 @@ def test_options_the_selected_family_does_not_take_are_refused():
     assert "tile_m" not in plain.family.Options.names()
     with pytest.raises(OptionsError, match=rf"options tile_m: {plain.spec.family}, selected for this request, "
                                            r"takes no such option \(its options: .*\); options family= chooses a "
-                                           r"family that does \(tiled_bitmap_spmm, tiled_csl_spmm, dense_tile_spmm\)"):
+                                           r"family that does \(tiled_bitmap_spmm, tiled_csl_spmm, tiled_lanes_spmm, dense_tile_spmm\)"):
         sparsegen.compile(a, n=64, backend="emulate", options={"tile_m": 64})
     k = sparsegen.compile(a, n=64, backend="emulate", options={"block": 256})  # both CSR kernels take it
     assert k.spec.block == 256

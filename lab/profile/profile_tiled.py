@@ -12,9 +12,9 @@ import sys
 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from tiled_probe import random_weight  # noqa: E402
 
 import sparsegen  # noqa: E402
+from sparsegen.bench.weights import random_weight  # noqa: E402
 
 CASES = [(7168, 7168, 0.7, 16, "tiled_bitmap_spmm"), (7168, 7168, 0.9, 8, "tiled_csl_spmm"),
          (7168, 7168, 0.9, 64, "tiled_bitmap_spmm")]
@@ -45,7 +45,7 @@ def main():
     cases = [(int(m), int(k), float(s), int(n), fam, dict(option(o) for o in rest))
              for m, k, s, n, fam, *rest in (a.split(",") for a in sys.argv[1:])]
     for m, k, s, n, fam, opts in cases or [(*c, {}) for c in CASES]:
-        w = random_weight(m, k, 1 - s, seed=1)
+        w = random_weight(m, k, s, seed=1)
         kern = sparsegen.compile(w, op="spmm", n=n, dtype="float16", options={"family": fam, **opts})
         launch_three_times(kern, (m, k), n, "float16")
 

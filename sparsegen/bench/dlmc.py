@@ -56,7 +56,7 @@ QUICK_RANDOM = ((4096, 0.8), (4096, 0.9))
 # inside its network driver); test_bench checks that the two lists cover sparsegen's families.
 OP_FAMILIES = {
     "spmm": ("csr_rowsplit", "sputnik_spmm", "ell_coo_spmm", "panel_spmm", "dense_tile_spmm",
-             "tiled_csl_spmm", "tiled_bitmap_spmm", "dense_gemm"),
+             "tiled_csl_spmm", "tiled_bitmap_spmm", "tiled_lanes_spmm", "dense_gemm"),
     "sddmm": ("sputnik_sddmm", "dense_tile_sddmm"),
 }
 

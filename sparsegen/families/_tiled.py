@@ -92,8 +92,13 @@ class TiledSpec(KernelSpec):
         return -(-self.m // self.tile_m)
 
     @property
+    def tile_cols(self) -> int:
+        """Columns of a W tile: TILE_K (a family with wider tiles says so)."""
+        return TILE_K
+
+    @property
     def k_tiles(self) -> int:
-        return -(-self.k // TILE_K)
+        return -(-self.k // self.tile_cols)
 
     @property
     def n_tiles(self) -> int:
@@ -158,7 +163,7 @@ class TiledSpec(KernelSpec):
         mb += f".w{self.warps}" if self.warps != WARPS else ""
         mb += f".wk{self.warp_k}" if self.warp_k != 1 else ""
         mb += ".wg" if self.wgmma else ""
-        return (f"{self.family}.{self.dtype}{out}.m{self.m}k{self.k}n{self.n}.t{self.tile_m}x{TILE_K}"
+        return (f"{self.family}.{self.dtype}{out}.m{self.m}k{self.k}n{self.n}.t{self.tile_m}x{self.tile_cols}"
                 f".bn{self.bn}{work}{mb}"), epi
 
     def fields(self) -> dict:
@@ -166,7 +171,7 @@ class TiledSpec(KernelSpec):
         d = super().fields()
         d.update(units=self.m_tiles * self.k_tiles, m_tiles=self.m_tiles, k_tiles=self.k_tiles, n_tiles=self.n_tiles, kt_per_split=self.kt_per_split,
                  warps=self.warps, threads=self.threads, row_groups=self.row_groups, warp_rows=self.warp_rows, mf=self.mf, nf=self.nf, xv=self.xv,
-                 x_pieces=self.x_pieces, tile_k=TILE_K)
+                 x_pieces=self.x_pieces, tile_k=self.tile_cols)
         return d
 
     def to_dict(self) -> dict:

@@ -14,6 +14,7 @@ from typing import Callable
 from ..families import dense_gemm, dense_tile_spmm, panel_spmm
 from ..families import tiled_bitmap_spmm as bitmap
 from ..families import tiled_csl_spmm as csl
+from ..families import tiled_lanes_spmm as lanes
 from ..families.base import Decision, Request, accept, decline
 from . import fp32_cost, skinny_cost
 
@@ -117,6 +118,22 @@ def tiled_bitmap_rule(costs: Costs) -> Decision:
                      lambda spec, why: bitmap.describe(costs.stats, costs.request, spec, why))
 
 
+def tiled_lanes_rule(costs: Costs) -> Decision:
+    """tiled lanes only when asked for by options family=: no rates file holds its rates yet, so the
+    cost model cannot weigh it against the others. Its split-K is weighed with the bitmap register
+    pairs' main-loop time, the encoding whose bytes per register it shares."""
+    stats, request = costs.stats, costs.request
+    declined = lanes.gate(stats, request)
+    if declined is not None:
+        return declined
+    if request.option("family") != lanes.FAMILY:
+        return decline(f"not yet calibrated (no rates for it in {request.device.rates.label}): taken only when "
+                       f"asked for, options family={lanes.FAMILY!r}")
+    stand_in = skinny_cost.kernel_seconds(stats, request, bitmap.FAMILY, granule=2)
+    spec, why = lanes.choose(stats, request, stand_in)
+    return accept(spec, f"tiled lanes as asked; {lanes.describe(stats, request, spec, why)}")
+
+
 # ---- dense ------------------------------------------------------------------------------------
 
 def dense_gemm_rule(costs: Costs) -> Decision:
@@ -167,6 +184,7 @@ def dense_tile_rule(costs: Costs) -> Decision:
 RULES = {
     bitmap.FAMILY: (PolicyRule("tiled_bitmap_spmm", bitmap.FAMILY, tiled_bitmap_rule),),
     csl.FAMILY: (PolicyRule("tiled_csl_spmm", csl.FAMILY, tiled_csl_rule),),
+    lanes.FAMILY: (PolicyRule("tiled_lanes_spmm", lanes.FAMILY, tiled_lanes_rule),),
     dense_tile_spmm.FAMILY: (PolicyRule("dense_tile_spmm", dense_tile_spmm.FAMILY, dense_tile_rule),),
     dense_gemm.FAMILY: (PolicyRule("dense_gemm", dense_gemm.FAMILY, dense_gemm_rule),),
 }
