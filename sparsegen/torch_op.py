@@ -183,6 +183,21 @@ class OpLayer:
             prepared = self.prepare(x.shape[1])
         return prepared(x)
 
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        """y = x·Wᵀ + b for x (..., K) of the layer's dtype on its device, the caller having checked
+        that (SparseLinear's eager forward): the operator's implementation, reading xᵀ as X and
+        returning Yᵀ as (..., M) (strides (..., 1, N)) without the views' host time."""
+        if not x.is_cuda:
+            y = self.run_host(x.reshape(-1, self.k).t())
+            return y.t().view(tuple(x.shape[:-1]) + (self.m,))
+        n = x.numel() // self.k if self.k else 0
+        prepared = self.prepared.get(n)
+        if prepared is None:
+            if n == 0:
+                return x.new_empty(tuple(x.shape[:-1]) + (self.m,))
+            prepared = self.prepare(n)
+        return prepared.linear(x)
+
     def _check(self, x):
         if x.dim() != 2 or x.shape[0] != self.k or x.dtype != self.torch_dtype:
             raise ShapeError(f"{OP}: expected X ({self.k}, N) of {self.dtype}, "
@@ -258,6 +273,8 @@ class Prepared:
         self.m, self.dtype = int(y_op.shape[0]), DTYPES[y_op.dtype]
         self.align = family.alignment(spec)
         self.ordinal = runtime.device_ordinal()
+        self.device = torch.device("cuda", self.ordinal) if self.ordinal >= 0 else torch.device("cpu")
+        self.layouts: dict = {}  # x's shape -> (shape, strides) of the (..., M) result
         self.stream = _stream_getter()
         self.pinned = False
         self.lock = threading.Lock()
@@ -289,14 +306,40 @@ class Prepared:
                                cudriver.Params(values), f"{self.spec} ({step.kernel})")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Y (M, N) = W·X + b for X (K, N)."""
         if x.dtype != self.dtype or x.shape[0] != self.k or x.dim() != 2:
             raise ShapeError(f"{OP}: expected X ({self.k}, {self.n}) of {str(self.dtype)[6:]}, "
                              f"got {tuple(x.shape)} of {str(x.dtype)[6:]}")
+        self._check_device(x)
+        x = kernel_operand(x, self.align)
+        y = torch.empty((self.m, self.n), dtype=self.dtype, device=self.device)
+        self._launch(x, y)
+        return y
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        """yᵀ for x (..., K) holding N rows (dtype and K checked by the caller): X is xᵀ, read in
+        place when N = 1, and Y is allocated as the (..., M) view of itself that the layer returns."""
+        self._check_device(x)
+        if self.n == 1 and x.is_contiguous() and x.data_ptr() % self.align == 0:
+            xk = x  # one row: x's memory is X
+        else:
+            xk = kernel_operand(x.reshape(-1, self.k).t(), self.align)
+        layout = self.layouts.get(x.shape)
+        if layout is None:
+            layout = self.layouts[x.shape] = _transposed_layout(tuple(x.shape[:-1]), self.m, self.n)
+            if len(self.layouts) > 64:  # a few shapes at most are in use; keep the cache small
+                self.layouts.pop(next(iter(self.layouts)))
+        y = torch.empty_strided(*layout, dtype=self.dtype, device=self.device)
+        self._launch(xk, y)
+        return y
+
+    def _check_device(self, x):
         if x.get_device() != self.ordinal:
             raise ShapeError(f"{OP}: X is on {x.device}, but sparsegen runs on cuda:{self.ordinal} "
                              f"(set {runtime.ENV_DEVICE}={x.get_device()})")
-        x = kernel_operand(x, self.align)
-        y = torch.empty((self.m, self.n), dtype=self.dtype, device=x.device)
+
+    def _launch(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Every step on PyTorch's current stream, X's and Y's addresses in the cells."""
         stream = self.stream(self.ordinal)
         if torch.cuda.is_current_stream_capturing():
             self.pinned = True  # the graph replays this call's workspaces: never evict them
@@ -304,11 +347,19 @@ class Prepared:
             self.x_cell.value, self.y_cell.value = x.data_ptr(), y.data_ptr()
             for step in self.steps:
                 step(stream, x, y)
-        return y
 
     def release(self) -> None:
         self.pool.release(self.held)
         self.held = []
+
+
+def _transposed_layout(lead: tuple, m: int, n: int) -> tuple:
+    """(shape, strides) of Yᵀ as a (*lead, M) tensor over Y's row-major (M, N) memory, N = prod(lead)."""
+    strides, step = [], 1
+    for d in reversed(lead):
+        strides.append(step)
+        step *= max(d, 1)
+    return lead + (m,), tuple(reversed(strides)) + (n,)
 
 
 def kernel_operand(x: torch.Tensor, align: int) -> torch.Tensor:
@@ -335,11 +386,15 @@ class _Gemm:
         if w.kind != "plan":
             raise UnsupportedError(f"{OP}: a library step whose A is {w.kind!r}, not the plan's W")
         self.fp32 = step.dtype == "float32"
+        self.m, self.k, self.n = step.m, step.k, step.n
         typestr = "<f4" if self.fp32 else "<i2"  # 16-bit values travel as int16: the interface has no bfloat16
         view = runtime.DeviceBuffer(pointers[w.name], (step.m, step.k), typestr)
         self.w = torch.as_tensor(view, device=torch.device("cuda", ordinal)).view(DTYPES[step.dtype])
 
     def __call__(self, stream: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        """x and y hold X (K, N) and Y (M, N) row-major, in whatever shape the caller has them."""
+        x = x if tuple(x.shape) == (self.k, self.n) else x.reshape(self.k, self.n)
+        y = y if tuple(y.shape) == (self.m, self.n) else y.as_strided((self.m, self.n), (self.n, 1))
         flags = torch.backends.cuda.matmul
         tf32 = self.fp32 and flags.allow_tf32
         if tf32:

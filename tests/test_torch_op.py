@@ -371,3 +371,36 @@ def test_params_cells_are_shared_and_values_packed():
     read = lambda params, i, t: t.from_address(params.array[i]).value  # noqa: E731
     assert read(first, 0, ctypes.c_uint64) == 0xABC and read(first, 2, ctypes.c_int32) == -5
     assert read(first, 1, ctypes.c_uint64) == read(second, 0, ctypes.c_uint64) == 0x1234
+
+
+@pytest.mark.nvcc
+def test_prepared_linear_reads_x_in_place_and_allocates_y_as_the_layers_view(fake_driver, monkeypatch):
+    """The eager path: one row of x is X itself; more rows are copied transposed; the result is Yᵀ
+    as (..., M), the strides the operator's y.t().view(...) would have, over the memory Y fills."""
+    layer = sgt.SparseLinear.from_dense(torch.nn.Linear(64, 40).half(), 0.5, backend="emulate",
+                                        options={"family": "csr_rowsplit"})
+    for n, shape in ((1, (1, 1, 64)), (6, (2, 3, 64))):
+        prepared = prepared_on_host(monkeypatch, layer.kernel(n))
+        (step,) = layer.kernel(n).steps()
+        x = torch.randn(shape).half()
+        y = prepared.linear(x)
+        (rec,) = records(fake_driver, 1)
+        args = {a.name: int(rec.params[i]) for i, a in enumerate(step.args)}
+        view = torch.empty(40, n).t().view(shape[:-1] + (40,))
+        assert y.shape == view.shape and strides(y) == strides(view) and args["y"] == y.data_ptr()
+        assert (args["x"] == x.data_ptr()) == (n == 1)
+
+
+def strides(t) -> tuple:
+    """The strides that matter: those of dimensions longer than one."""
+    return tuple(s if d > 1 else None for d, s in zip(t.shape, t.stride()))
+
+
+def test_transposed_layout_is_that_of_the_view():
+    for lead, m in (((5,), 3), ((2, 3), 4), ((1, 1, 7), 2), ((4, 0), 3)):
+        n = int(np.prod(lead))
+        view = torch.empty(m, n).t().reshape(lead + (m,)) if n else torch.empty(lead + (m,))
+        shape, layout = torch_op._transposed_layout(lead, m, n)
+        assert shape == tuple(view.shape)
+        if n:
+            assert strides(torch.empty_strided(shape, layout)) == strides(view)
