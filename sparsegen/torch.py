@@ -250,10 +250,22 @@ def _host64(t: torch.Tensor) -> np.ndarray:
 def _csr(weight: torch.Tensor, dtype: torch.dtype) -> sp.csr_matrix:
     """W in `dtype` (rounded as a dense layer of that dtype would hold it), stored as float32 CSR:
     scipy has no 16-bit floats, and float32 holds every fp16/bf16 value exactly. A weight that
-    `dtype` cannot hold is an error, not an inf."""
-    check_numbers(_host64(weight), str(dtype).replace("torch.", ""), "weight")
-    w = weight.detach().to(device="cpu", dtype=dtype)
-    csr = sp.csr_matrix(w.float().numpy())
+    `dtype` cannot hold is an error, not an inf. A CUDA weight is compressed on its device; only
+    its nonzeros travel to the host."""
+    w = weight.detach().to(dtype=dtype)
+    if w.is_cuda and bool(torch.isfinite(w).all()):  # else NaN or inf given, or a value `dtype` rounds to inf
+        return compressed(w)
+    check_numbers(_host64(weight), str(dtype).replace("torch.", ""), "weight")  # names the first bad value
+    csr = sp.csr_matrix(w.float().cpu().numpy())
+    csr.sort_indices()
+    return csr
+
+
+def compressed(w: torch.Tensor) -> sp.csr_matrix:
+    """A 2-D tensor's nonzeros as a canonical float32 scipy CSR, compressed where the tensor lives."""
+    c = w.float().to_sparse_csr()
+    csr = sp.csr_matrix((c.values().cpu().numpy(), c.col_indices().cpu().numpy(), c.crow_indices().cpu().numpy()),
+                        shape=tuple(w.shape))
     csr.sort_indices()
     return csr
 

@@ -15,6 +15,7 @@ import subprocess
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 torch = pytest.importorskip("torch", reason="torch not installed: sparsegen.torch is optional")
 
@@ -404,3 +405,14 @@ def test_transposed_layout_is_that_of_the_view():
         assert shape == tuple(view.shape)
         if n:
             assert strides(torch.empty_strided(shape, layout)) == strides(view)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_compressing_on_the_device_gives_the_hosts_csr(dtype):
+    """sgt.compressed (a CUDA weight's path to CSR) against scipy's CSR of the same dense values."""
+    w = sgt.magnitude_prune(torch.randn(37, 50), 0.7).to(dtype)
+    got, want = sgt.compressed(w), sp.csr_matrix(w.float().numpy())
+    assert got.shape == want.shape and got.nnz == want.nnz == round(0.3 * 37 * 50) and got.has_sorted_indices
+    assert np.array_equal(got.indptr, want.indptr) and np.array_equal(got.indices, want.indices)
+    assert np.array_equal(got.data, want.data) and got.dtype == np.float32
+    assert sgt.compressed(torch.zeros(3, 4)).nnz == 0
