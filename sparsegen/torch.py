@@ -279,6 +279,43 @@ def _bias(bias: torch.Tensor, m: int, dtype: torch.dtype) -> np.ndarray:
     return np.ascontiguousarray(b.float().numpy())
 
 
+# ---- compiling ahead ---------------------------------------------------------------------------
+
+def precompile(layers, ns, *, workers: int | None = None) -> None:
+    """Compile the kernels of `layers` (SparseLinear) for the token counts `ns` in `workers`
+    processes (default: half the CPUs, at most 8), into sparsegen's cache: plans, encodings and,
+    for GPU layers, cubins for this GPU. Each layer's first use at those N then loads them instead
+    of analysing, encoding and running nvcc (seconds per large layer: a model's worth adds up).
+    The workers plan for the GPU in use (its DeviceModel and arch), as the layers' own compile does."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    from . import runtime
+    from .select.device import DeviceModel
+
+    ns = tuple(int(n) for n in ns)
+    gpu = [layer for layer in layers if layer.backend == "gpu"]
+    device = DeviceModel.current() if gpu else DeviceModel.default()
+    arch = os.environ.get("SPARSEGEN_ARCH") or (runtime.current_arch() if gpu else None)
+    jobs = [(layer.csr, layer.bias, layer.dtype, layer.options, ns, arch, device, layer.backend == "gpu")
+            for layer in layers]
+    workers = workers or max(1, min(8, (os.cpu_count() or 2) // 2))
+    # spawn: a worker must not inherit the parent's CUDA context
+    with ProcessPoolExecutor(min(workers, max(len(jobs), 1)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        for _ in pool.map(_compile_ahead, jobs):
+            pass
+
+
+def _compile_ahead(job) -> None:
+    csr, bias, dtype, options, ns, arch, device, cubin = job
+    for n in ns:
+        kernel = api.compile(csr, op="spmm", n=n, dtype=dtype, bias=bias, options=options, backend="emulate",
+                             arch=arch, device=device, tune=False)
+        if cubin:
+            kernel.cubin  # noqa: B018 - compiles and caches it
+
+
 # ---- whole models -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)

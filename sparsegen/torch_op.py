@@ -154,8 +154,16 @@ class OpLayer:
             self.prepared.pop(n).release()
 
     def device_bytes(self) -> int:
-        """Bytes this layer holds on the device: the distinct plan arrays and every N's workspaces."""
-        return self.pool.nbytes + sum(p.scratch_bytes for p in self.prepared.values())
+        """Bytes this layer holds on the device: the distinct plan arrays and every N's workspaces
+        (backend "emulate": what the GPU backend would hold for the kernels compiled so far)."""
+        if self.backend == "gpu":
+            return self.pool.nbytes + sum(p.scratch_bytes for p in self.prepared.values())
+        distinct = []
+        for kernel in self.kernels.values():
+            distinct += [a for a in kernel.plan.arrays.values() if not any(_same(a, b) for b in distinct)]
+        scratch = sum(v for kernel in self.kernels.values() for k, v in kernel.plan.constants.items()
+                      if k.endswith("_bytes") and k[: -len("_bytes")] in _scratch_names(kernel))
+        return sum(a.nbytes for a in distinct) + scratch
 
     # -- running -----------------------------------------------------------------------------------
 
@@ -251,6 +259,10 @@ class DevicePool:
     @property
     def nbytes(self) -> int:
         return sum(e[0].nbytes for es in self.entries.values() for e in es)
+
+
+def _scratch_names(kernel) -> set:
+    return {a.name for step in kernel.steps() for a in step.args if a.kind == "scratch"}
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
