@@ -188,6 +188,10 @@ class Runner:
         import torch
 
         self.decoder, self.graphs, self.graph, self.out = decoder, graphs, None, None
+        if backend:
+            # Every Runner's step is the same code on another decoder: without a reset, dynamo would
+            # recompile up to its limit and then run eagerly, and keep every earlier model alive.
+            torch._dynamo.reset()
         self.fn = torch.compile(decoder.step, fullgraph=True, dynamic=False, backend=backend) if backend else decoder.step
         started = time.perf_counter()
         if graphs:

@@ -145,6 +145,7 @@ class OpLayer:
         runtime.ensure_context()
         self.prepared[n] = Prepared(self.kernel(n), self.pool)
         runtime.synchronize()  # the uploads and zeroed workspaces are complete before any stream reads them
+        self.kernels.pop(n)  # the call needs no host plan; the pool keeps one host copy to match arrays by
         self._evict()
         return self.prepared[n]
 

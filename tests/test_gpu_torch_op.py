@@ -74,6 +74,14 @@ def test_eager_compiled_and_exported_match_dense_pruned(name, dtype):
 
 
 @pytest.mark.parametrize("name,dtype", list(cases()))
+def test_opcheck_passes_on_cuda(name, dtype):
+    layer, _ = pair(dtype, VARIANTS[name])
+    for x in (torch.randn(512, 8, device="cuda", dtype=dtype), torch.randn(8, 512, device="cuda", dtype=dtype).t()):
+        result = torch.library.opcheck(torch.ops.sparsegen.spmm.default, (x, layer.handle, 384))
+        assert set(result.values()) == {"SUCCESS"}, result
+
+
+@pytest.mark.parametrize("name,dtype", list(cases()))
 def test_layer_graph_replays_100_times_with_changing_inputs(name, dtype):
     """A captured layer replays with whatever X holds; split-K workspaces are zero again after every
     replay (a stale partial sum would show as a growing error)."""

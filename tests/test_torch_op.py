@@ -150,6 +150,16 @@ def test_fake_implementation_reads_no_data(monkeypatch):
             torch.ops.sparsegen.spmm(torch.empty(32, 7), layer.handle, 23)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_opcheck_passes(dtype):
+    """torch.library.opcheck: the schema, the fake against the real kernel (shapes, strides, dtype),
+    and tracing through AOT dispatch with dynamic shapes, on contiguous and transposed operands."""
+    layer = sgt.SparseLinear.from_dense(torch.nn.Linear(32, 24).to(dtype), 0.5, backend="emulate")
+    for x in (torch.randn(32, 5).to(dtype), torch.randn(5, 32).to(dtype).t()):
+        result = torch.library.opcheck(torch.ops.sparsegen.spmm.default, (x, layer.handle, 24))
+        assert set(result.values()) == {"SUCCESS"}, result
+
+
 def test_operator_called_directly_checks_its_operand():
     layer = sgt.SparseLinear.from_dense(torch.nn.Linear(32, 24), 0.5, backend="emulate")
     x = torch.randn(32, 3)
