@@ -117,7 +117,8 @@ class Launch:
     def __init__(self, func: int, grid, block, shared_bytes: int, params: Params, name: str):
         self.func, self.name, self.params = _P(func), name, params
         self.launch = library().cuLaunchKernel
-        self.dims = tuple(int(d) for d in grid) + tuple(int(d) for d in block) + (int(shared_bytes),)
+        # as ctypes values already: ctypes passes them as they are, converting a Python int costs more
+        self.dims = tuple(_U(int(d)) for d in tuple(grid) + tuple(block) + (shared_bytes,))
 
     def __call__(self, stream: int, *operands) -> None:
         """Launch on `stream` (a CUstream handle; 0 is the legacy default stream); the operands

@@ -289,6 +289,9 @@ class Prepared:
         self.device = torch.device("cuda", self.ordinal) if self.ordinal >= 0 else torch.device("cpu")
         self.layouts: dict = {}  # x's shape -> (shape, strides) of the (..., M) result
         self.stream = _stream_getter()
+        # torch's own check without its Python wrapper, where CUDA is there to ask
+        self.capturing = (torch._C._cuda_isCurrentStreamCapturing if torch.cuda.is_available()
+                          else torch.cuda.is_current_stream_capturing)
         self.pinned = False
         self.lock = threading.Lock()
         all_steps = kernel.steps()
@@ -354,7 +357,7 @@ class Prepared:
     def _launch(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Every step on PyTorch's current stream, X's and Y's addresses in the cells."""
         stream = self.stream(self.ordinal)
-        if torch.cuda.is_current_stream_capturing():
+        if self.capturing():
             self.pinned = True  # the graph replays this call's workspaces: never evict them
         with self.lock:  # the cells are shared; cuLaunchKernel copies them before returning
             self.x_cell.value, self.y_cell.value = x.data_ptr(), y.data_ptr()
