@@ -177,6 +177,8 @@ def test_reports(tmp_path):
     assert summary[0] == "decode: 2 of 6 cases passed"
     assert "geomean speedup 2.00x over 2 cases, lowest 2.00x" in summary[1]
     assert paths["png"] is not None or "matplotlib" in paths["png_note"]
+    doc["cases"][0]["max_error"] = float("nan")  # logits gone NaN: recorded as null, not a crash
+    assert json.loads(suite.write_json(doc, tmp_path).read_text())["cases"][0]["max_error"] is None
 
 
 def test_load_example_finds_the_checkouts_and_says_when_missing(tmp_path):

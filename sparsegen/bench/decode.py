@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from sparsegen.bench.records import message
-from sparsegen.bench.report import atomic_write, geomean, header_lines, plot_line, pyplot, save_figure
+from sparsegen.bench.report import atomic_write, geomean, header_lines, json_safe, plot_line, pyplot, save_figure
 from sparsegen.errors import SparsegenError
 
 NAME = "decode"
@@ -317,7 +317,7 @@ def markdown(doc: dict, png_name=None, png_note=None) -> str:
 
 def write_json(doc: dict, out_dir) -> Path:
     path = Path(out_dir) / f"{NAME}.json"
-    atomic_write(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    atomic_write(path, json.dumps(json_safe(doc), indent=1, allow_nan=False) + "\n")  # NaN (a broken step) as null
     return path
 
 
