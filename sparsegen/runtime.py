@@ -316,7 +316,7 @@ class _Prepared:
 
 # ---- library steps (the dense fallback's cuBLAS GEMM) ------------------------------------------
 
-class _DeviceBuffer:
+class DeviceBuffer:
     """`__cuda_array_interface__` over a raw device pointer, so PyTorch and CuPy can view a PyCUDA
     allocation (or any caller's buffer) in place. 16-bit elements travel as int16 and are
     reinterpreted: the interface has no bfloat16."""
@@ -361,8 +361,8 @@ class _TorchBlas(_Binding):
 
     def wrap(self, ptr: int, shape: tuple):
         if self.fp32:
-            return self.torch.as_tensor(_DeviceBuffer(ptr, shape, "<f4"), device=self.device)
-        return self.torch.as_tensor(_DeviceBuffer(ptr, shape, "<i2"), device=self.device).view(self.dtype)
+            return self.torch.as_tensor(DeviceBuffer(ptr, shape, "<f4"), device=self.device)
+        return self.torch.as_tensor(DeviceBuffer(ptr, shape, "<i2"), device=self.device).view(self.dtype)
 
     def matmul(self, a, b, c, stream=None):
         """On `stream` (a PyCUDA stream), else on the legacy default stream the kernels use, whatever
@@ -402,7 +402,7 @@ class _CupyBlas(_Binding):
         self.typestr = self.TYPESTR[dtype]
 
     def wrap(self, ptr: int, shape: tuple):
-        return self.cupy.asarray(_DeviceBuffer(ptr, shape, self.typestr))
+        return self.cupy.asarray(DeviceBuffer(ptr, shape, self.typestr))
 
     def matmul(self, a, b, c, stream=None):
         s = self.cupy.cuda.Stream.null if stream is None else self.cupy.cuda.ExternalStream(int(stream.handle))

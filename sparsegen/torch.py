@@ -5,31 +5,34 @@ and `sparsify(model, sparsity)`, which swaps a model's Linear layers for it. Inf
     layer = sgt.SparseLinear.from_dense(linear, sparsity=0.7)   # prune, keep W as CSR
     y = layer(x)                                                # x: CUDA tensor (..., in_features)
     report = sgt.sparsify(model, 0.7, include=lambda name: ".encoder." in name)
+    compiled = torch.compile(model, fullgraph=True)             # the layers trace as one operator
+
+The product is the operator `torch.ops.sparsegen.spmm` (sparsegen/torch_op.py): `torch.compile`
+traces it without a graph break, `torch.export` exports it, CUDA graphs capture it. In eager mode
+`forward` calls the operator's implementation directly, skipping the dispatcher's few microseconds.
 
 Layout. nn.Linear computes y = x·Wᵀ + b for row-major x (..., K); every sparsegen spmm family
 computes Y = W·X for a row-major (C-contiguous) X of shape (K, N), so no kernel can read x in
 place. `forward` therefore
   1. views x as (N, K) (free for contiguous x),
-  2. copies xᵀ into a contiguous (K, N) buffer on the GPU: the one copy per call, N·K elements
-     (skipped when xᵀ is already contiguous: N = 1, or x is the transposed view step 4 returns),
+  2. makes xᵀ a contiguous (K, N) tensor: the one copy per call, N·K elements (none when xᵀ is
+     already contiguous: N = 1, or x is the transposed view step 4 returns),
   3. runs the kernel (bias fused) into a fresh (M, N) tensor,
   4. returns Yᵀ as a view of shape (..., M): no copy, but not contiguous (strides (1, N)); splitting
      its last dimension with `.view` works, merging needs `.reshape` or `.contiguous()`.
-No host round trip, and W is never copied per call: it is encoded and uploaded once per compiled
-kernel. Kernels are specialised by N, so one is compiled per distinct token count on first use
-(sparsegen's cache makes a repeat compile cheap) and the module keeps the last `max_kernels`.
+No host round trip, and W is never copied per call: it is encoded and uploaded once per layer
+(the kernels for every N share it). Kernels are specialised by N, so one is compiled per distinct
+token count on first use (sparsegen's cache makes a repeat compile cheap) and the layer keeps the
+last `max_kernels`. Kernels launch on PyTorch's current stream.
 
-Streams: sparsegen launches on the legacy default stream. When PyTorch's current stream is
-another one, the default stream first waits for it and it then waits for the default stream (event
-waits on the GPU, never a host sync), so the result is ordered on the caller's stream.
+CUDA graphs: run the layer once at each token count before capturing (or call `prepare(n)`); a
+capture cannot make a kernel's device buffers, and preparing inside one is an error that says so.
 
 Importing `sparsegen` never imports torch; importing this module does.
 """
 from __future__ import annotations
 
-import contextlib
 import numbers
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -40,15 +43,16 @@ try:
     import torch
 except ImportError as exc:  # pragma: no cover - exercised only where torch is absent
     raise ImportError("sparsegen.torch needs PyTorch: pip install -e \".[torch]\"") from exc
+if not hasattr(torch.library, "custom_op"):  # pragma: no cover - torch older than 2.4
+    raise ImportError(f"sparsegen.torch needs PyTorch 2.4 or later (torch.library.custom_op); this is {torch.__version__}")
 
-from . import api, dtypes, prune, runtime
+from . import api, dtypes, prune, torch_op
 from .errors import ShapeError, SparsegenError, UnsupportedError
 from .values import check_numbers
 
 METHODS = ("magnitude",)
 BACKENDS = ("gpu", "emulate")
 DTYPES = {name: getattr(torch, name) for name in dtypes.NAMES}  # torch names them as sparsegen does
-ALIGN_BYTES = 16  # the widest vector load any family makes of X (float4 / 8 halves)
 
 
 # ---- pruning ----------------------------------------------------------------------------------
@@ -64,11 +68,25 @@ def check_sparsity(sparsity) -> float:
 def magnitude_prune(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
     """A copy of `weight` (its dtype and device kept) pruned by `sparsegen.prune`'s rule: exactly
     round(sparsity·numel) smallest-magnitude entries zeroed, among equal |w| the lower flat index first
-    (more zeros only where `weight` already held them)."""
+    (more zeros only where `weight` already held them). A CUDA weight is pruned on its device."""
     check_sparsity(sparsity)
-    keep = prune.keep_mask(_host64(weight), sparsity)  # float64 holds every torch float exactly
     w = weight.detach()
-    return torch.where(torch.from_numpy(keep).to(w.device), w, torch.zeros((), dtype=w.dtype, device=w.device))
+    if w.is_cuda:
+        keep = keep_mask_sorted(w, sparsity)
+    else:
+        keep = torch.from_numpy(prune.keep_mask(_host64(w), sparsity))  # float64 holds every torch float exactly
+    return torch.where(keep, w, torch.zeros((), dtype=w.dtype, device=w.device))
+
+
+def keep_mask_sorted(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """`prune.keep_mask` on the weight's own device: the rule is the order of a stable sort of |w|
+    (|w| is exact in every float dtype), whose first round(sparsity·numel) entries go."""
+    if not bool(torch.isfinite(weight).all()):
+        prune.keep_mask(_host64(weight), sparsity)  # raises the rule's error, naming the first bad entry
+    k = prune.pruned_count(weight.numel(), sparsity)
+    keep = torch.ones(weight.numel(), dtype=torch.bool, device=weight.device)
+    keep[torch.sort(weight.detach().abs().flatten(), stable=True).indices[:k]] = False
+    return keep.view(weight.shape)
 
 
 # ---- the layer --------------------------------------------------------------------------------
@@ -88,10 +106,11 @@ class SparseLinear(torch.nn.Module):
 
     Build it with `from_dense` (prunes an nn.Linear) or from any weight whose zeros are the
     pattern. W and the bias are kept on the host (CSR, bias as float32) to compile new kernels; the
-    device copies belong to the compiled kernels. Parameters: none (nothing to train; state_dict
-    is empty, rebuild with `from_dense`). `backend="gpu"` takes CUDA tensors; "emulate" takes CPU
-    tensors and runs sparsegen's NumPy emulator, the same plan the kernel reads (for tests).
-    See the module docstring for the layout mapping and its one copy.
+    device copy belongs to the layer's operator state (`torch_op.OpLayer`, named by `handle`).
+    Parameters: none (nothing to train; state_dict is empty, rebuild with `from_dense`).
+    `backend="gpu"` takes CUDA tensors; "emulate" takes CPU tensors and runs sparsegen's NumPy
+    emulator, the same plan the kernel reads (for tests). See the module docstring for the layout
+    mapping and its one copy.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, dtype=None,
@@ -108,13 +127,9 @@ class SparseLinear(torch.nn.Module):
             raise UnsupportedError(f"options out={options['out']!r}: SparseLinear returns the layer's dtype")
         self.dtype = resolve_dtype(dtype, weight.dtype)
         self.out_features, self.in_features = (int(d) for d in weight.shape)
-        self.csr = _csr(weight, DTYPES[self.dtype])
-        self.bias = None if bias is None else _bias(bias, self.out_features, DTYPES[self.dtype])
-        self.options = dict(options or {})
-        self.tune = tune
-        self.backend = backend
-        self.max_kernels = max_kernels
-        self._kernels: OrderedDict[int, api.Kernel] = OrderedDict()
+        bias = None if bias is None else _bias(bias, self.out_features, DTYPES[self.dtype])
+        self.op = torch_op.OpLayer(_csr(weight, DTYPES[self.dtype]), bias, self.dtype, options=dict(options or {}),
+                                   tune=tune, backend=backend, max_kernels=max_kernels)
 
     @classmethod
     def from_dense(cls, linear: torch.nn.Linear, sparsity: float, method: str = "magnitude", dtype=None,
@@ -134,6 +149,14 @@ class SparseLinear(torch.nn.Module):
 
     # -- what it holds ---------------------------------------------------------------------------
 
+    csr = property(lambda self: self.op.csr, doc="W as float32 CSR (values the layer dtype holds)")
+    bias = property(lambda self: self.op.bias, doc="the bias as float32 (rounded to the layer dtype), or None")
+    options = property(lambda self: self.op.options)
+    tune = property(lambda self: self.op.tune)
+    backend = property(lambda self: self.op.backend)
+    max_kernels = property(lambda self: self.op.max_kernels)
+    handle = property(lambda self: self.op.handle, doc="what torch.ops.sparsegen.spmm calls this layer")
+
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
@@ -149,8 +172,12 @@ class SparseLinear(torch.nn.Module):
 
     @property
     def specs(self) -> dict:
-        """{N: spec name} of the kernels compiled so far (most recently used last)."""
-        return {n: k.spec.name for n, k in self._kernels.items()}
+        """{N: spec name} of the kernels held (most recently used last)."""
+        return self.op.specs
+
+    def device_bytes(self) -> int:
+        """Bytes the layer holds on the GPU: its plan (one copy for every N) and workspaces."""
+        return self.op.device_bytes()
 
     def dense_weight(self, device=None) -> torch.Tensor:
         """The pruned W as a dense tensor in the layer's dtype (a copy: for references and tests)."""
@@ -168,28 +195,29 @@ class SparseLinear(torch.nn.Module):
 
     def kernel(self, n: int) -> api.Kernel:
         """The kernel for N = n columns, compiled on first use; the oldest is dropped past max_kernels."""
-        if n in self._kernels:
-            self._kernels.move_to_end(n)
-            return self._kernels[n]
-        kernel = api.compile(self.csr, op="spmm", n=n, dtype=self.dtype, bias=self.bias, options=self.options,
-                             backend=self.backend, tune=self.tune)
-        self._kernels[n] = kernel
-        while len(self._kernels) > self.max_kernels:
-            self._kernels.popitem(last=False)
-        return kernel
+        return self.op.kernel(n)
+
+    def prepare(self, *ns: int) -> None:
+        """Compile the kernels for these token counts now and, on the GPU, put their plans and
+        workspaces on the device and pack their launches: what a CUDA graph capture needs done."""
+        for n in ns:
+            self.op.prepare(int(n))
 
     # -- forward ---------------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        op = self.op
+        if type(x) is torch.Tensor and not torch.compiler.is_compiling():
+            # eager: the operator's own implementation, without the dispatcher's round trip and with
+            # the layout's views folded into the call; every check here is one attribute read
+            if not (x.dtype is op.torch_dtype and x.is_cuda is (op.backend == "gpu") and x.dim()
+                    and x.shape[-1] == op.k and not (x.requires_grad and torch.is_grad_enabled())):
+                self._check_input(x)
+            return op.linear(x)
         self._check_input(x)
-        lead = tuple(x.shape[:-1])
-        x2 = x.reshape(-1, self.in_features)
-        n = x2.shape[0]
-        if n == 0:
-            return x.new_empty(lead + (self.out_features,))
-        xt = _kernel_operand(x2.t())
-        y = self._run_emulated(xt, n) if self.backend == "emulate" else self._run_gpu(xt, n)
-        return y.t().view(lead + (self.out_features,))  # Yᵀ as a view: see the module docstring
+        xt = x.reshape(-1, self.in_features).t()
+        y = torch.ops.sparsegen.spmm(xt.contiguous(), op.handle, self.out_features)
+        return y.t().view(tuple(x.shape[:-1]) + (self.out_features,))  # Yᵀ as a view: see the module docstring
 
     def _check_input(self, x):
         if not isinstance(x, torch.Tensor):
@@ -204,25 +232,9 @@ class SparseLinear(torch.nn.Module):
                              f"or build the layer with backend='emulate' for CPU tensors")
         if self.backend == "emulate" and x.device.type != "cpu":
             raise ShapeError(f"input is on {x.device}, but backend='emulate' runs on the host: pass a CPU tensor")
-        if x.is_cuda and x.device.index != runtime.device_ordinal():
-            raise ShapeError(f"input is on {x.device}, but sparsegen runs on cuda:{runtime.device_ordinal()} "
-                             f"(set {runtime.ENV_DEVICE}={x.device.index})")
         if torch.is_grad_enabled() and x.requires_grad:
             raise UnsupportedError("SparseLinear is inference-only (its kernels have no backward): "
                                    "run under torch.no_grad() or torch.inference_mode()")
-
-    def _run_gpu(self, xt: torch.Tensor, n: int) -> torch.Tensor:
-        kernel = self.kernel(n)
-        y = torch.empty((self.out_features, n), dtype=self.torch_dtype, device=xt.device)
-        with _ordered_on_current_stream(xt.device):
-            kernel(xt, out=y)
-        return y
-
-    def _run_emulated(self, xt: torch.Tensor, n: int) -> torch.Tensor:
-        # NumPy has no bfloat16: the emulator takes and returns float32 holding bf16 values
-        host = xt.float() if self.dtype == "bfloat16" else xt
-        y = self.kernel(n)(host.numpy())
-        return torch.from_numpy(y).to(self.torch_dtype)
 
     def extra_repr(self) -> str:
         specs = ", ".join(f"n={n}: {name}" for n, name in self.specs.items()) or "none yet"
@@ -238,10 +250,22 @@ def _host64(t: torch.Tensor) -> np.ndarray:
 def _csr(weight: torch.Tensor, dtype: torch.dtype) -> sp.csr_matrix:
     """W in `dtype` (rounded as a dense layer of that dtype would hold it), stored as float32 CSR:
     scipy has no 16-bit floats, and float32 holds every fp16/bf16 value exactly. A weight that
-    `dtype` cannot hold is an error, not an inf."""
-    check_numbers(_host64(weight), str(dtype).replace("torch.", ""), "weight")
-    w = weight.detach().to(device="cpu", dtype=dtype)
-    csr = sp.csr_matrix(w.float().numpy())
+    `dtype` cannot hold is an error, not an inf. A CUDA weight is compressed on its device; only
+    its nonzeros travel to the host."""
+    w = weight.detach().to(dtype=dtype)
+    if w.is_cuda and bool(torch.isfinite(w).all()):  # else NaN or inf given, or a value `dtype` rounds to inf
+        return compressed(w)
+    check_numbers(_host64(weight), str(dtype).replace("torch.", ""), "weight")  # names the first bad value
+    csr = sp.csr_matrix(w.float().cpu().numpy())
+    csr.sort_indices()
+    return csr
+
+
+def compressed(w: torch.Tensor) -> sp.csr_matrix:
+    """A 2-D tensor's nonzeros as a canonical float32 scipy CSR, compressed where the tensor lives."""
+    c = w.float().to_sparse_csr()
+    csr = sp.csr_matrix((c.values().cpu().numpy(), c.col_indices().cpu().numpy(), c.crow_indices().cpu().numpy()),
+                        shape=tuple(w.shape))
     csr.sort_indices()
     return csr
 
@@ -255,25 +279,41 @@ def _bias(bias: torch.Tensor, m: int, dtype: torch.dtype) -> np.ndarray:
     return np.ascontiguousarray(b.float().numpy())
 
 
-def _kernel_operand(xt: torch.Tensor) -> torch.Tensor:
-    """xᵀ as the kernel reads X: C-contiguous and aligned for vector loads. A copy unless it already
-    is (a fresh allocation is aligned; a view into the middle of a tensor may not be)."""
-    if xt.is_contiguous() and xt.data_ptr() % ALIGN_BYTES == 0:
-        return xt
-    return xt.clone(memory_format=torch.contiguous_format)
+# ---- compiling ahead ---------------------------------------------------------------------------
+
+def precompile(layers, ns, *, workers: int | None = None) -> None:
+    """Compile the kernels of `layers` (SparseLinear) for the token counts `ns` in `workers`
+    processes (default: half the CPUs, at most 8), into sparsegen's cache: plans, encodings and,
+    for GPU layers, cubins for this GPU. Each layer's first use at those N then loads them instead
+    of analysing, encoding and running nvcc (seconds per large layer: a model's worth adds up).
+    The workers plan for the GPU in use (its DeviceModel and arch), as the layers' own compile does."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    from . import runtime
+    from .select.device import DeviceModel
+
+    ns = tuple(int(n) for n in ns)
+    gpu = [layer for layer in layers if layer.backend == "gpu"]
+    device = DeviceModel.current() if gpu else DeviceModel.default()
+    arch = os.environ.get("SPARSEGEN_ARCH") or (runtime.current_arch() if gpu else None)
+    jobs = [(layer.csr, layer.bias, layer.dtype, layer.options, ns, arch, device, layer.backend == "gpu")
+            for layer in layers]
+    workers = workers or max(1, min(8, (os.cpu_count() or 2) // 2))
+    # spawn: a worker must not inherit the parent's CUDA context
+    with ProcessPoolExecutor(min(workers, max(len(jobs), 1)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        for _ in pool.map(_compile_ahead, jobs):
+            pass
 
 
-@contextlib.contextmanager
-def _ordered_on_current_stream(device):
-    """sparsegen launches on the legacy default stream; order it after and before PyTorch's current
-    stream when that is another one (GPU-side waits, no host sync)."""
-    current, default = torch.cuda.current_stream(device), torch.cuda.default_stream(device)
-    if current == default:
-        yield
-        return
-    default.wait_stream(current)
-    yield
-    current.wait_stream(default)
+def _compile_ahead(job) -> None:
+    csr, bias, dtype, options, ns, arch, device, cubin = job
+    for n in ns:
+        kernel = api.compile(csr, op="spmm", n=n, dtype=dtype, bias=bias, options=options, backend="emulate",
+                             arch=arch, device=device, tune=False)
+        if cubin:
+            kernel.cubin  # noqa: B018 - compiles and caches it
 
 
 # ---- whole models -----------------------------------------------------------------------------
@@ -322,8 +362,9 @@ def sparsify(model: torch.nn.Module, sparsity: float, *, include: Callable[[str]
     """Replace every nn.Linear of `model` (those whose qualified name `include` accepts, when given)
     by `SparseLinear.from_dense(...)`, in place; returns a report of what changed.
 
-    `precompile`: token counts N to compile each layer's kernel for now (so the report lists the
-    specs); otherwise kernels compile on first forward.
+    `precompile`: token counts N to prepare each layer for now (`SparseLinear.prepare`: compiled,
+    and on the GPU uploaded, so the report lists the specs and a CUDA graph may capture them);
+    otherwise kernels compile on first forward.
     """
     check_sparsity(sparsity)
     targets = [(name, m) for name, m in model.named_modules()
@@ -337,8 +378,7 @@ def sparsify(model: torch.nn.Module, sparsity: float, *, include: Callable[[str]
     for name, linear in targets:
         layer = SparseLinear.from_dense(linear, sparsity, method=method, dtype=dtype, options=options, tune=tune,
                                         backend=backend, max_kernels=max_kernels)
-        for n in precompile:
-            layer.kernel(int(n))
+        layer.prepare(*precompile)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, layer)
         layers.append(LayerReport(name, layer.in_features, layer.out_features, layer.nnz, layer.bias is not None,

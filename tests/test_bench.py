@@ -267,7 +267,7 @@ def test_unknown_suite_error():
     with pytest.raises(SparsegenError) as e:
         bench.get_suite("nope")
     assert "dlmc" in str(e.value) and "nope" in str(e.value)
-    with pytest.raises(SparsegenError, match="known suites: dlmc"):
+    with pytest.raises(SparsegenError, match="known suites: decode, dlmc"):
         bench.run(parser().parse_args(["nope"]))
     assert bench.get_suite("dlmc") is dlmc
 

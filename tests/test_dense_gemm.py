@@ -264,7 +264,7 @@ def test_bindings_keep_the_newest_views_by_pointer_and_shape():
 
 
 def test_device_buffer_describes_the_pointer_for_torch_and_cupy():
-    cai = runtime._DeviceBuffer(0x7F0000001000, (3, 4), "<i2").__cuda_array_interface__
+    cai = runtime.DeviceBuffer(0x7F0000001000, (3, 4), "<i2").__cuda_array_interface__
     assert cai == {"shape": (3, 4), "typestr": "<i2", "data": (0x7F0000001000, False), "strides": None, "version": 2}
 
 

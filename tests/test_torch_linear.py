@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch not installed: sparsegen.torch is optional")
 
 import sparsegen.torch as sgt  # noqa: E402
+from sparsegen import torch_op  # noqa: E402
 from sparsegen.errors import ShapeError, SparsegenError, UnsupportedError  # noqa: E402
 
 from .conftest import REPO  # noqa: E402
@@ -183,7 +184,7 @@ def test_output_is_a_transposed_view_and_chains_without_a_copy():
         h = first(x)
         assert h.shape == (2, 5, 24) and not h.is_contiguous() and h.stride() == (5, 1, 10)
         xt = h.reshape(-1, 24).t()
-        assert sgt._kernel_operand(xt).data_ptr() == h.data_ptr()  # no transpose copy for the chain
+        assert torch_op.kernel_operand(xt, 16).data_ptr() == h.data_ptr()  # no transpose copy for the chain
         y = second(h)
     assert rel_error(y, reference(second, reference(first, x).half())) <= TOL[torch.float16]
 
@@ -191,11 +192,13 @@ def test_output_is_a_transposed_view_and_chains_without_a_copy():
 def test_misaligned_operand_is_copied_to_an_aligned_buffer():
     base = torch.zeros(64, dtype=torch.float16)
     xt = base[1:17].view(16, 1)  # contiguous, but 2 bytes past the allocation's alignment
-    assert xt.is_contiguous() and xt.data_ptr() % sgt.ALIGN_BYTES
-    out = sgt._kernel_operand(xt)
-    assert out.data_ptr() % sgt.ALIGN_BYTES == 0 and torch.equal(out, xt)
+    assert xt.is_contiguous() and xt.data_ptr() % 16
+    out = torch_op.kernel_operand(xt, 16)
+    assert out.data_ptr() % 16 == 0 and torch.equal(out, xt)
+    assert torch_op.kernel_operand(xt, 2) is xt  # aligned enough for 2-byte loads
     fresh = torch.zeros(16, 1, dtype=torch.float16)
-    assert sgt._kernel_operand(fresh) is fresh
+    assert torch_op.kernel_operand(fresh, 16) is fresh
+    assert torch_op.kernel_operand(fresh.T.contiguous().T, 16).is_contiguous()  # strided: copied
 
 
 def test_zero_tokens_give_an_empty_result_without_a_kernel():

@@ -7,6 +7,13 @@
                          [--shapes 7168x7168,28672x7168] [--sparsity 0.5,0.7,0.9]
                          [--model DIR] [--workers J] [--no-cusparse] [--limit K]
                          [--max-minutes M] [--resume]
+    sparsegen bench decode [--quick] [--models opt-1.3b,opt-6.7b] [--dtypes float16,bfloat16]
+                         [--sparsity 0.5,0.7,0.8,0.9] [--batch 1,8,16,32] [--layers L]
+                         [--prompt 512] [--new-tokens 128] [--workers J] [--max-minutes M] [--resume]
+
+`decode` (sparsegen/bench/decode.py) runs examples/sparse_decode.py: decode tokens/s of an OPT
+decoder with sparsegen's SparseLinear layers against the same pruned model dense, both compiled and
+in CUDA graphs; --layers keeps the first L decoder layers of each model.
 
 `llm` (sparsegen/bench/llm.py): --shapes and --sparsity narrow the OPT shapes and sparsities to a
 slice of the suite; --model names a folder of .safetensors (all-MiniLM-L6-v2) whose Linear weights
@@ -49,6 +56,7 @@ SUITES: dict[str, str] = {
     "dlmc": "sparsegen.bench.dlmc",
     "graphchallenge": "sparsegen.bench.graphchallenge",
     "llm": "sparsegen.bench.llm",
+    "decode": "sparsegen.bench.decode",
 }
 
 KNOWN_OPS = ("spmm", "sddmm")
@@ -78,6 +86,11 @@ class BenchConfig:
     workers: int | None = None        # llm: compile-ahead processes (None: the suite's default)
     cusparse: bool = True             # llm: time the cuSPARSE baseline
     families: tuple | str | None = None  # dlmc: families forced besides the selection ("all")
+    models: tuple | None = None       # decode: model shapes
+    batches: tuple | None = None      # decode
+    layers: int | None = None         # decode: the first L decoder layers
+    prompt: int | None = None         # decode: prompt tokens
+    new_tokens: int | None = None     # decode: tokens decoded
     extra: dict = field(default_factory=dict)
 
 
@@ -114,8 +127,16 @@ def add_arguments(parser) -> None:
                         help="llm: comma-separated MxK shapes to run, e.g. 7168x7168,28672x7168 "
                              "(default: the 12 OPT shapes; --quick: 7168x7168,28672x7168)")
     parser.add_argument("--sparsity", metavar="LIST", default=None,
-                        help="llm: comma-separated sparsities to run, e.g. 0.5,0.7,0.9 "
-                             "(default: 0.5,0.6,0.7,0.8,0.9)")
+                        help="llm, decode: comma-separated sparsities to run, e.g. 0.5,0.7,0.9 "
+                             "(default: llm 0.5,0.6,0.7,0.8,0.9; decode 0.5,0.7,0.8,0.9)")
+    parser.add_argument("--models", metavar="LIST", default=None,
+                        help="decode: comma-separated model shapes (default: opt-1.3b,opt-6.7b)")
+    parser.add_argument("--batch", metavar="LIST", default=None,
+                        help="decode: comma-separated batch sizes (default: 1,8,16,32)")
+    parser.add_argument("--layers", metavar="L", default=None,
+                        help="decode: keep the first L decoder layers of each model (default: all)")
+    parser.add_argument("--prompt", metavar="P", default=None, help="decode: prompt tokens (default: 512)")
+    parser.add_argument("--new-tokens", metavar="T", default=None, help="decode: tokens decoded (default: 128)")
     parser.add_argument("--model", metavar="DIR", default=None,
                         help="llm: folder (or file) of .safetensors whose 2-D Linear weights are "
                              "pruned into extra cases (default: $SPARSEGEN_MODEL, else the "
@@ -132,6 +153,17 @@ def add_arguments(parser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="keep the cases of DIR/<suite>.json (same suite and GPU) and run "
                              "only the missing ones: finish a long suite in several sittings")
+
+
+# Options one suite (or a few) reads: (argument, the suite's parser, BenchConfig field, who has it).
+FILTERS = (("shapes", "parse_shapes", "shapes", "llm"),
+           ("sparsity", "parse_sparsities", "sparsities", "llm and decode"),
+           ("families", "parse_families", "families", "dlmc"),
+           ("models", "parse_models", "models", "decode"),
+           ("batch", "parse_batches", "batches", "decode"),
+           ("layers", "parse_count", "layers", "decode"),
+           ("prompt", "parse_count", "prompt", "decode"),
+           ("new_tokens", "parse_count", "new_tokens", "decode"))
 
 
 def _split(text):
@@ -334,14 +366,15 @@ def run(args, *, argv=None) -> int:
     if bad:
         raise SparsegenError(f"--dtypes: suite {args.suite} does not run {', '.join(bad)}; "
                              f"it runs {', '.join(allowed)}")
-    for name, parse, attr, has in (("shapes", "parse_shapes", "shapes", "llm"),
-                                   ("sparsity", "parse_sparsities", "sparsities", "llm"),
-                                   ("families", "parse_families", "families", "dlmc")):
+    for name, parse, attr, has in FILTERS:
         text = getattr(args, name, None)
         if text is not None:
             if not hasattr(suite, parse):
-                raise SparsegenError(f"--{name}: suite {args.suite} has no such filter ({has} has)")
-            setattr(cfg, attr, getattr(suite, parse)(text))
+                raise SparsegenError(f"--{name.replace('_', '-')}: suite {args.suite} has no such filter "
+                                     f"({has} has)")
+            value = (suite.parse_count(text, name.replace("_", "-")) if parse == "parse_count" else
+                     getattr(suite, parse)(text))
+            setattr(cfg, attr, value)
     env = gpu_environment()
     cfg.data_dir = (resolve_data_dir(getattr(args, "data", None))
                     if getattr(suite, "NEEDS_DATA", True) else None)

@@ -38,12 +38,12 @@ def geomean(values):
 
 # --------------------------------------------------------------------------- JSON
 
-def _clean(x):
+def json_safe(x):
     """JSON-safe copy: non-finite floats become null, numpy scalars become Python numbers."""
     if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items() if not str(k).startswith("_")}
+        return {str(k): json_safe(v) for k, v in x.items() if not str(k).startswith("_")}
     if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
+        return [json_safe(v) for v in x]
     if hasattr(x, "item") and not isinstance(x, (str, bytes)):
         try:
             x = x.item()
@@ -83,7 +83,7 @@ def atomic_write(path: Path, text: str) -> None:
 def write_json(doc: dict, path) -> Path:
     check_document(doc)
     path = Path(path)
-    atomic_write(path, json.dumps(_clean(doc), indent=1, allow_nan=False) + "\n")
+    atomic_write(path, json.dumps(json_safe(doc), indent=1, allow_nan=False) + "\n")
     return path
 
 
