@@ -66,13 +66,16 @@ def load_config(path: Path) -> dict:
         cfg = tomllib.load(f)
     mods = cfg.get("module", {})
     for name, m in mods.items():
-        unknown = set(m) - {"tests", "functions", "exclude_functions", "timeout", "owner", "note"}
+        unknown = set(m) - {"tests", "functions", "exclude_functions", "operators", "timeout", "owner", "note"}
         if unknown:
             raise SystemExit(f"{path}: module {name!r}: unknown keys {sorted(unknown)}")
         if not (REPO / name).is_file():
             raise SystemExit(f"{path}: module {name!r}: no such file under {REPO}")
         if not m.get("tests"):
             raise SystemExit(f"{path}: module {name!r}: no tests")
+        extra = set(m.get("operators", ())) - set(mutgen.EXTRA)
+        if extra:
+            raise SystemExit(f"{path}: module {name!r}: unknown operators {sorted(extra)}; known: {mutgen.EXTRA}")
     return cfg
 
 
@@ -253,7 +256,7 @@ def covered(m: mutgen.Mutant, source: str, lines: set[int]) -> bool:
 def run_module(name: str, conf: dict, args, scratch: Path, equivalents: dict, out_dir: Path) -> dict:
     path = scratch / name
     source = (REPO / name).read_text()
-    all_mutants = [m for m in mutgen.find(source) if in_scope(m, conf)]
+    all_mutants = [m for m in mutgen.find(source, conf.get("operators", ())) if in_scope(m, conf)]
     chosen = all_mutants
     if args.survivors:
         previous = out_dir / f"{slug(name)}.json"
