@@ -1272,3 +1272,62 @@ def test_sputnik_measured_region_on_both_sides():
                              "csr_rowsplit")
     assert not sput._rule(sput_stats(5000, 4096, 128.0), req(n=127, dtype="float16")).accepted
     assert sput._rule(sput_stats(5000, 4096, 10.0), req(n=32, family="sputnik_spmm")).accepted
+
+
+# ============================================================================ tiled_csl_spmm.py
+
+from sparsegen.families import tiled_csl_spmm as csl  # noqa: E402
+
+
+def test_csl_ring_for_by_hand():
+    # 128-row tiles, bn 32, 16 k-tiles a split: W buffers 2 (16384 + 128) + 4 x 17 offsets = 33092 bytes; a slot
+    # of 600 uint4 is 4096 + 9600 = 13696 bytes; 96 registers allow 5 blocks, at most 4. Four blocks: 57088 bytes
+    # each, too few for 3 slots (74180); three: 76544, enough, and 3 slots keep 48 KB moving
+    assert csl.ring_for(128, 32, 600, 16, half()) == (3, 3, 600)
+    # 1000 uint4 a slot (20096 bytes): two blocks of 3 slots
+    assert csl.ring_for(128, 32, 1000, 16, half()) == (2, 3, 1000)
+    # stages=6 asked: two blocks hold 33092 + 6 x 13696 = 115268 of 115456
+    assert csl.ring_for(128, 32, 600, 16, half(stages=6)) == (2, 6, 600)
+    assert csl.ring_for(128, 32, 600, 16, half(stages=2)) == (3, 3, 600)  # never under 3 slots
+    # blocks=1 asked: one block, 5 slots (49152 / 13696 -> 4, plus the one computed)
+    assert csl.ring_for(128, 32, 600, 16, half(blocks=1)) == (1, 5, 600)
+    # wgmma keeps a slot one tile longer: at least 4, so two blocks
+    assert csl.ring_for(128, 32, 600, 16, half(wgmma=True)) == (2, 4, 600)
+
+
+def test_csl_ring_for_caps_a_slot_at_what_fits():
+    # a fuller tile than one slot of the deepest ring holds: the rest comes from global
+    blocks, stages, vectors = csl.ring_for(128, 64, 20000, 16, half(64))
+    one_block = 233472 - 1024 - 256  # an SM's shared memory less the driver's and the static reserve
+    slot_room = (one_block - (2 * (16384 + 128) + 68)) // stages // 128 * 128
+    assert blocks == 1 and vectors == (slot_room - 64 * 64 * 2) // 16 < 20000
+
+
+def test_csl_choose_reason():
+    st = SimpleNamespace(shape=(4096, 8192), density=0.3, nnz=int(4096 * 8192 * 0.3),
+                         tiles=SimpleNamespace(max_nnz=2400, tile_rows=128, tile_cols=64, tiles=32 * 128,
+                                               nonempty=32 * 128, density_hist=(0, 0, 0, 32 * 128) + (0,) * 6,
+                                               density_means=(0.0, 0.0, 0.0, 0.3) + (0.0,) * 6))
+    spec, why = csl.choose(st, half(), 1e-4)
+    assert (spec.tile_m, spec.bn, spec.split_k, spec.reduction, spec.min_blocks, spec.stages) == (128, 32, 8,
+                                                                                                 "atomic", 3, 3)
+    assert why.startswith("density 0.30: Tiled-CSL 1.20 B/element (1.20 for values + positions); 128x64 tiles, 32 "
+                          "columns per block (1 column tile), 3-slot cp.async ring, 3 blocks per SM; 32 output tiles "
+                          "x split-K 8")
+    spec, why = csl.choose(st, half(strict_banks=True, warp_k=2), 1e-4)
+    assert spec.strict_banks and spec.warp_k == 2
+    assert "; warps in 2 k-groups (each loads 1/2 of the X fragments)" in why
+    assert why.endswith("; strictly bank-conflict-free scatter (padded banks)")
+
+
+# ========================================================================= tiled_bitmap_spmm.py
+
+def test_bitmap_ring_for_by_hand():
+    # a stage of 128-row tiles, bn 32, 2400 values: 1024 bitmap + 32 offsets + 4864 values + 4096 X = 10016 bytes;
+    # 128 registers allow 4 blocks: 3 stages of 4 blocks keep 48 KB moving in 57088 bytes each
+    assert bitmap.ring_for(128, 32, 2400, half()) == (4, 3)
+    # register pairs halve the bitmap and double the values: 512 + 32 + 9600 + 4096 = 14240
+    assert bitmap.ring_for(128, 32, 2400, half(), granule=2) == (4, 3)
+    assert bitmap.ring_for(128, 32, 2400, half(stages=2)) == (4, 2)  # 2 slots when asked (Tiled-CSL: never)
+    assert bitmap.ring_for(128, 32, 2400, half(blocks=2)) == (2, 4)
+    assert bitmap.ring_for(128, 32, 2400, half(), blocks=1) == (1, 6)
