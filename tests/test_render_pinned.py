@@ -132,3 +132,30 @@ def test_a_family_template_renders_with_its_header():
     head, body = src.split("*/\n", 1)
     assert body == render.render_body(spec)
     assert f" * spec:      {spec.name}" in head and " * family:    csr_rowsplit" in head
+
+
+def test_provenance_is_frozen_with_its_defaults():
+    p = render.Provenance()
+    assert (p.structure_hash, p.reproduce) == ("unknown", "")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.reproduce = "x"
+
+
+def test_template_dir_of_an_installed_package(monkeypatch, tmp_path):
+    import sys
+    import types
+    fake = types.ModuleType("sparsegen.templates")
+    fake.__file__ = str(tmp_path / "site" / "sparsegen" / "templates" / "__init__.py")
+    monkeypatch.setitem(sys.modules, "sparsegen.templates", fake)
+    assert render.template_dir() == tmp_path / "site" / "sparsegen" / "templates"
+
+
+def test_environments_of_the_four_latest_roots_are_kept(tmp_path):
+    render.environment.cache_clear()
+    roots = [str(tmp_path / f"r{i}") for i in range(5)]
+    first = [render.environment(r) for r in roots[:4]]
+    assert all(render.environment(r) is e for r, e in zip(roots[:4], first))
+    render.environment(roots[4])  # a fifth root evicts the least recently used, roots[0]
+    assert render.environment(roots[1]) is first[1]
+    assert render.environment(roots[0]) is not first[0]
+    render.environment.cache_clear()
