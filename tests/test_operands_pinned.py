@@ -314,3 +314,22 @@ def test_run_on_host_arrays_checks_before_the_driver(ordinal, monkeypatch):
     assert str(e.value) == "no driver here"
     with pytest.raises(LaunchError):
         runtime.run(FakeKernel(FakeLauncher(inputs=())), ())  # no operands at all: the host path
+
+
+def test_check_alignment_of_two_byte_loads():
+    runtime.check_alignment(4100, 2, "input x")
+    assert "1 bytes past" in shape_error(runtime.check_alignment, 4101, 2, "input x")
+
+
+def test_run_makes_the_output_like_the_first_input(ordinal, monkeypatch):
+    made = []
+
+    def like(x, shape, dtype):
+        made.append((x, shape, dtype))
+        return Cai(shape, ptr=12288)
+    monkeypatch.setattr(runtime, "_empty_like_framework", like)
+    launcher = FakeLauncher(inputs=(XG, Operand("z", (3,), "float32")))
+    a, b = Cai((2, 7), ptr=4096), Cai((3,), ptr=8192)
+    out = runtime.run(FakeKernel(launcher), (a, b))
+    assert made == [(a, (2, 3), "float32")] and out.__cuda_array_interface__["data"][0] == 12288
+    assert launcher.launched[0][0] == {"x": 4096, "z": 8192, "y": 12288}
