@@ -1011,3 +1011,89 @@ def test_half_dense_keeps_picks_inside_the_sparse_error_on_both_sides(path):
                                                                              device=dev))
             assert (sel.spec.family == "dense_gemm") is dense_wins
             assert ("inside its" in sel.reason) is dense_wins and ("past its" in sel.reason) is not dense_wins
+
+
+# ================================================================== more of skinny_cost and table
+
+def test_selection_values_are_frozen():
+    for value in (S.Prediction("csr", "CSR", 1.0), comparison(), policy.PolicyRule("r", "f", None),
+                  table.Selection(None, "why", "rule")):
+        field = dataclasses.fields(value)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, field, None)
+
+
+def test_spread_text_of_a_single_nonempty_tile():
+    one = SimpleNamespace(density=0.01, tiles=SimpleNamespace(tile_rows=128, tile_cols=64, tiles=10, nonempty=1,
+                                                              density_hist=(10,) + (0,) * 9,
+                                                              density_means=(0.1,) + (0.0,) * 9))
+    assert S.spread_text(one) == "density 0.01 (tile densities 0.10-0.10, 9 of 10 tiles empty)"
+
+
+def test_bitmap_encoding_keeps_single_elements_on_a_tie(monkeypatch):
+    monkeypatch.setattr(S, "spec_seconds", lambda stats, request, spec, tile_rates=None: 1e-6)
+    st = uniform_stats(2048, 2048, 0.3)
+    spec, why = S.build(st, Request("spmm", n=32, dtype="float16"), "tiled_bitmap_spmm")
+    assert spec.granule == 1
+    assert why.startswith("single elements predicted faster (1.0 vs 1.0 us with register pairs); ")
+    times = iter([2e-6, 1e-6])  # single elements, then register pairs
+    monkeypatch.setattr(S, "spec_seconds", lambda stats, request, spec, tile_rates=None: next(times))
+    spec, why = S.build(st, Request("spmm", n=32, dtype="float16"), "tiled_bitmap_spmm")
+    assert spec.granule == 2 and why.startswith("register pairs predicted faster (1.0 vs 2.0 us with single elements)")
+    times = iter([1e-6, 2e-6])
+    monkeypatch.setattr(S, "spec_seconds", lambda stats, request, spec, tile_rates=None: next(times))
+    spec, why = S.build(st, Request("spmm", n=32, dtype="float16"), "tiled_bitmap_spmm")
+    assert spec.granule == 1 and why.startswith("single elements predicted faster (1.0 vs 2.0 us with register pairs)")
+
+
+def test_build_weighs_a_fixed_encoding_with_its_own_rates(monkeypatch):
+    from sparsegen.families import tiled_bitmap_spmm as bitmap_family
+    seen = []
+    monkeypatch.setattr(bitmap_family, "choose", lambda stats, request, kernel_s: seen.append(kernel_s) or ("s", "w"))
+    dev = hand_device()
+    t = dataclasses.replace(dev.rates.tiles, tiled_bitmap_spmm=R.TileRates(1000.0, 0.0, 0.0),
+                            tiled_bitmap_spmm_g2=R.TileRates(0.0, 0.0, 1.0))
+    dev = dataclasses.replace(dev, rates=dev.rates.replace(tiles=t))
+    for granule, cycles in ((2, 2 * 2048 + 100), (1, 2 * 1000 + 100)):
+        r = Request("spmm", n=32, dtype="float16", device=dev, options=(("granule", granule),))
+        assert S.build(TILE_STATS, r, "tiled_bitmap_spmm") == ("s", "w")
+        assert seen[-1] == pytest.approx(cycles / (100 * 1e9), rel=1e-12)
+
+
+def test_compare_drops_only_the_family_option():
+    st = uniform_stats(2048, 2048, 0.3)
+    r = Request("spmm", n=32, dtype="float16", options=(("bn", 16), ("family", "tiled_csl_spmm")))
+    with pinned_library("torch"):
+        c = S.compare(st, r)
+    assert {p.family for p in c.predictions} == {"tiled_csl_spmm", "tiled_bitmap_spmm", "dense_gemm", "csr"}
+    assert c.get("tiled_csl_spmm").spec.bn == 16 and c.get("tiled_bitmap_spmm").spec.bn == 16
+
+
+@pytest.mark.parametrize("bias, relu", [(True, False), (False, True), (True, True), (False, False)])
+def test_compare_charges_dense_the_epilogue_for_bias_or_relu(bias, relu):
+    st = uniform_stats(2048, 2048, 0.3)
+    r = Request("spmm", n=32, dtype="float16", bias=bias, relu=relu)
+    with pinned_library("torch"):
+        dense = S.compare(st, r).get("dense_gemm")
+    assert dense.seconds == S.dense_seconds(2048, 2048, 32, r.device.rates, epilogue=bias or relu)
+    assert dense.label == "dense cuBLAS via torch" and dense.key == "dense_gemm"
+
+
+def test_compare_candidates_by_dtype_and_output():
+    st = uniform_stats(2048, 2048, 0.3)
+    with pinned_library("torch"):
+        assert "csr" not in {p.family for p in S.compare(st, Request("spmm", n=32, dtype="bfloat16")).predictions}
+        c = S.compare(st, Request("spmm", n=32, dtype="float16", options=(("out", "float32"),)))
+        assert {p.family for p in c.predictions} == {"tiled_csl_spmm", "tiled_bitmap_spmm"}
+        c = S.compare(st, Request("spmm", n=32, dtype="float16", options=(("out", "float16"),)))
+        assert "csr" in {p.family for p in c.predictions}
+    with pinned_library(None):
+        assert "dense_gemm" not in {p.family for p in S.compare(st, Request("spmm", n=32,
+                                                                           dtype="float16")).predictions}
+    c = S.compare(st, Request("spmm", n=32, dtype="float16"))
+    assert [p.seconds for p in c.predictions] == sorted(p.seconds for p in c.predictions)
+    assert c.rates == "h100-80gb-hbm3.json" and c.errors == R.default().errors
+    csr = c.get("csr")
+    assert (csr.label, csr.key) == ("CSR kernels", "csr") and csr.seconds == S.csr_seconds(st, 32, R.default())
+    tiled = c.get("tiled_bitmap_spmm")
+    assert tiled.key == S.rates_key(tiled.spec) and tiled.label == "bitmap" and tiled.why
