@@ -1097,3 +1097,12 @@ def test_compare_candidates_by_dtype_and_output():
     assert (csr.label, csr.key) == ("CSR kernels", "csr") and csr.seconds == S.csr_seconds(st, 32, R.default())
     tiled = c.get("tiled_bitmap_spmm")
     assert tiled.key == S.rates_key(tiled.spec) and tiled.label == "bitmap" and tiled.why
+
+
+def test_verdict_and_device_model_are_frozen_and_the_verdict_defaults():
+    v = fp32_cost.Fp32Verdict("sparse", 1.0, 2.0, 3.0)
+    assert (v.tensor_mma, v.sgemm_margin, v.tensor_margin, v.rates) == ("3xTF32", 1.0, 1.0, "")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        v.pick = "tensor"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        D.default().sm_count = 1
