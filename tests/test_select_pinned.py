@@ -682,7 +682,7 @@ def test_fit_tile_rates_scale_multiplies_the_cycle_rates(monkeypatch):
 
 def test_fit_vector_scales_fixed_seconds_to_microseconds():
     t = R.TileRates(base=1.5, per_column=2.0, per_nonzero=3.0, fixed_s=4e-6, wide=0.5, n16=0.25)
-    assert fit._vector(t, fit.TILE_FIELDS).tolist() == pytest.approx([1.5, 2.0, 3.0, 4.0, 0.5, 0.25])
+    assert fit._vector(t, fit.TILE_FIELDS).tolist() == pytest.approx([1.5, 2.0, 3.0, 4.0, 0.5, 0.25], rel=1e-12)
     back = fit._rates(R.TileRates(0, 0, 0), fit.TILE_FIELDS, [1.5, 2.0, 3.0, 4.0, 0.5, 0.25])
     assert (back.base, back.per_column, back.per_nonzero, back.wide, back.n16) == (1.5, 2.0, 3.0, 0.5, 0.25)
     assert back.fixed_s == pytest.approx(4e-6, rel=1e-12)
@@ -1106,3 +1106,84 @@ def test_verdict_and_device_model_are_frozen_and_the_verdict_defaults():
         v.pick = "tensor"
     with pytest.raises(dataclasses.FrozenInstanceError):
         D.default().sm_count = 1
+
+
+def test_rates_groups_are_frozen_and_tile_rates_default():
+    r = R.from_dict(DOC, "x.json")
+    for value in (r.memory, r.launch, r.cublas_fp16, r.csr_fp16, r.tiles, r.tiles.tiled_csl_spmm, r.fp32, r.fp32.csr,
+                  r.errors, r.values, r, fit.Row(1, 2, 3, 4.0), fit.Fit(r.tiles.tiled_csl_spmm, 1, 0.0, 0.0, 0.0)):
+        field = dataclasses.fields(value)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, field, None)
+    t = R.TileRates(1.0, 2.0, 3.0)
+    assert (t.fixed_s, t.wide, t.n16) == (0.0, 1.0, 1.0)
+
+
+def test_rates_repr_shows_the_values_and_source_only():
+    text = repr(R.from_dict(DOC, "x.json"))
+    assert text.startswith("Rates(values=Values(memory=Memory(") and text.endswith(", source='x.json')")
+    assert "device=" not in text and "measured=" not in text and "provenance=" not in text
+
+
+def test_rates_copy_and_pickle():
+    import copy
+    import pickle
+    r = R.from_dict(DOC, "x.json")
+    for other in (copy.copy(r), copy.deepcopy(r), pickle.loads(pickle.dumps(r))):
+        assert other == r and other.source == "x.json" and other.memory == r.memory
+
+
+def test_load_keeps_sixteen_files(tmp_path):
+    paths = []
+    for i in range(17):
+        p = tmp_path / f"r{i}.json"
+        p.write_text(json.dumps(doc(rates__memory__copy_bytes_per_s=float(i))))
+        paths.append(p)
+    R._load.cache_clear()
+    first = [R.load(p) for p in paths[:16]]
+    assert all(R.load(p) is f for p, f in zip(paths[:16], first))  # 16 kept; r0 the least recently used now
+    R.load(paths[16])  # the 17th evicts r0
+    assert R.load(paths[1]) is first[1]
+    assert R.load(paths[0]) is not first[0]
+    R._load.cache_clear()
+
+
+def test_write_makes_missing_folders(tmp_path):
+    out = R.write(R.from_dict(DOC, "x.json"), tmp_path / "a" / "b" / "w.json")
+    assert json.loads(out.read_text())["rates"] == DOC["rates"]
+
+
+def recording_least_squares(monkeypatch):
+    import scipy.optimize
+    calls = []
+    real = scipy.optimize.least_squares
+
+    def record(fun, x0, **kwargs):
+        calls.append((np.array(x0, dtype=float), kwargs))
+        return real(fun, x0, **kwargs)
+    monkeypatch.setattr(scipy.optimize, "least_squares", record)
+    return calls
+
+
+def test_fit_line_starts_from_a_tenth_of_the_fastest_time_in_microseconds(monkeypatch):
+    calls = recording_least_squares(monkeypatch)
+    fit.fit_line([1e6, 1e7, 1e8], [2e-5, 3e-5, 1.2e-4])
+    x0, kwargs = calls[0]
+    assert x0.tolist() == pytest.approx([2e-5 * 0.1 * 1e6, 1.0], rel=1e-12)
+    assert kwargs["bounds"] == ([0.0, 1e-6], np.inf)
+
+
+def test_fit_tile_rates_starts_from_the_given_rates(monkeypatch):
+    monkeypatch.setattr(S, "spec_seconds", lambda stats, request, spec, rates: rates.base * stats + rates.fixed_s)
+    rows = [fit.Row(1.0, None, None, 3.0), fit.Row(2.0, None, None, 6.0)]
+    calls = recording_least_squares(monkeypatch)
+    fit.fit_tile_rates(rows, R.TileRates(2.0, 0.0, 0.0, 5e-6), free=("base", "fixed_s"))
+    x0, kwargs = calls[0]
+    assert x0.tolist() == pytest.approx([2.0, 5.0], rel=1e-12)
+    assert kwargs["x_scale"].tolist() == pytest.approx([2.0, 5.0], rel=1e-12)
+    assert kwargs["bounds"] == (0.0, np.inf) and kwargs["diff_step"] == 1e-4
+    fit.fit_tile_rates(rows, R.TileRates(2.0, 0.0, 0.0, 0.0), free="scale")
+    x0, kwargs = calls[1]
+    assert x0.tolist() == [1.0] and kwargs["x_scale"].tolist() == [1.0]
+    fit.fit_tile_rates(rows, R.TileRates(2.0, 0.0, 0.0, 0.0), free=("base", "fixed_s"))
+    assert calls[2][1]["x_scale"].tolist() == pytest.approx([2.0, 1e-3], rel=1e-12)  # a zero rate scales as 1e-3
