@@ -119,3 +119,42 @@ def test_slice_widths_and_padding_by_hand():
 def test_index_bits_by_hand():
     assert [an.index_bits(s) for s in ((1, 1), (65536, 65536), (65537, 2), (2, 2**32), (2**32 + 1, 1))] == \
         [16, 16, 32, 32, 64]
+
+
+def test_length_stats_of_counts_by_hand():
+    # lengths 3, 1, 0, 0: mean 1, variance ((3-1)**2 + 0 + 1 + 1) / 4 = 1.5
+    s = LengthStats.of_counts(np.array([3, 1]), 4)
+    assert (s.min, s.max, s.mean, s.empty) == (0, 3, 1.0, 2)
+    assert s.std == pytest.approx(1.5 ** 0.5, rel=1e-15) and s.cov == pytest.approx(1.5 ** 0.5, rel=1e-15)
+    # lengths 3, 1: no empty one, so the smallest count is the minimum
+    s = LengthStats.of_counts(np.array([3, 1]), 2)
+    assert (s.min, s.max, s.mean, s.std, s.cov, s.empty) == (1, 3, 2.0, 1.0, 0.5, 0)
+    s = LengthStats.of_counts(np.array([2]), 1)
+    assert (s.min, s.max, s.mean, s.std, s.cov, s.empty) == (2, 2, 2.0, 0.0, 0.0, 0)
+    s = LengthStats.of_counts(np.array([], np.int64), 5)  # five empty lengths: no division by a zero mean
+    assert (s.min, s.max, s.mean, s.std, s.cov, s.empty) == (0, 0, 0.0, 0.0, 0.0, 5)
+    assert LengthStats.of_counts(np.array([], np.int64), 0) == LengthStats(0, 0, 0.0, 0.0, 0.0, 0)
+
+
+def test_per_column_arrays_while_columns_stay_within_twice_nnz_or_a_million():
+    def csr(n, nnz):
+        return sp.csr_matrix((np.ones(nnz), np.arange(nnz), np.array([0, nnz])), shape=(1, n))
+    assert an._by_columns(csr(2**20, 1)) is True
+    assert an._by_columns(csr(2**20 + 1, 1)) is False
+    assert an._by_columns(csr(3 * 2**20, 3 * 2**19)) is True
+    assert an._by_columns(csr(3 * 2**20 + 1, 3 * 2**19)) is False
+
+
+def test_column_stats_agree_on_both_paths(monkeypatch):
+    # columns 0..5, nonzeros in columns 1, 1, 4 (rows 0, 1, 1): lengths 0, 2, 0, 0, 1, 0
+    a = sp.csr_matrix((np.ones(3), np.array([1, 1, 4]), np.array([0, 1, 3])), shape=(2, 6))
+    a.has_canonical_format = True
+    expected = LengthStats.of(np.array([0, 2, 0, 0, 1, 0]))
+    assert (expected.min, expected.max, expected.mean, expected.empty) == (0, 2, 0.5, 4)
+    assert analyze(a).col_lengths == expected
+    monkeypatch.setattr(an, "_MIN_BINCOUNT_TILES", 0)  # 6 columns = 2 * nnz: still per column
+    assert an._by_columns(a)
+    b = sp.csr_matrix((np.ones(3), np.array([1, 1, 6]), np.array([0, 1, 3])), shape=(2, 7))
+    assert not an._by_columns(b)  # 7 > 2 * 3: the sort path
+    s = analyze(b).col_lengths
+    assert (s.min, s.max, s.mean, s.empty) == (0, 2, 3 / 7, 5)

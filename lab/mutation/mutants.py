@@ -16,8 +16,15 @@ Operators (`Mutant.op`):
     return  `return X` -> `return None`
     delete  a raise, an assert or a call statement -> `pass`
 
-Not mutated: strings (docstrings, messages), annotations, `__all__`, f-strings, `del` statements,
-and the value of a `copy=` keyword (it decides whether NumPy copies, never what the result holds).
+Two more operators run only where a module asks for them (`find(source, extra=...)`; modules.toml's
+`operators`), for modules whose strings and loop jumps are behaviour rather than messages:
+
+    string  a str or bytes constant -> the same with "XX" in front (a file name, a flag's spelling)
+    jump    `continue` or `break` -> `pass`
+
+Not mutated: docstrings, annotations, `__all__`, f-strings, `del` statements, the value of a `copy=`
+keyword (it decides whether NumPy copies, never what the result holds), and other strings unless
+`string` is asked for.
 """
 from __future__ import annotations
 
@@ -82,7 +89,8 @@ class _Finder(ast.NodeVisitor):
     """Walks the tree, keeping the enclosing function's qualified name, and lists candidate edits
     as (node path, op, builder) where builder(node_copy) returns the replacement node."""
 
-    def __init__(self):
+    def __init__(self, extra=()):
+        self.extra = frozenset(extra)
         self.scope: list[str] = []
         self.found: list[tuple[tuple, str, object]] = []
         self.path: list = []
@@ -200,6 +208,8 @@ class _Finder(ast.NodeVisitor):
                 self._add("num", lambda n, d=d: ast.Constant(n.value + d))
         elif isinstance(v, float):
             self._add("num", lambda n: ast.Constant(n.value + 1.0))
+        elif isinstance(v, (str, bytes)) and "string" in self.extra:
+            self._add("string", lambda n: ast.Constant(("XX" if isinstance(n.value, str) else b"XX") + n.value))
 
     def visit_keyword(self, node):
         if node.arg == "copy":
@@ -239,6 +249,12 @@ class _Finder(ast.NodeVisitor):
         self.generic_visit(node)
 
     visit_Raise = visit_Assert = _deletable
+
+    def _jump(self, node):
+        if "jump" in self.extra:
+            self._add("jump", lambda n: ast.Pass())
+
+    visit_Continue = visit_Break = _jump
 
     def visit_Expr(self, node):
         if isinstance(node.value, ast.Call):
@@ -281,10 +297,16 @@ def _text(node, source, starts, enc, new) -> str:
     return f"({body})"
 
 
-def find(source: str) -> list[Mutant]:
-    """Every single-point mutant of `source`, in source order."""
+EXTRA = ("string", "jump")
+
+
+def find(source: str, extra=()) -> list[Mutant]:
+    """Every single-point mutant of `source`, in source order; `extra` adds operators of EXTRA."""
+    unknown = set(extra) - set(EXTRA)
+    if unknown:
+        raise ValueError(f"unknown extra operators {sorted(unknown)}; known: {EXTRA}")
     tree = ast.parse(source)
-    finder = _Finder()
+    finder = _Finder(extra)
     finder.walk(tree)
     starts = _offsets(source)
     enc = [line.encode("utf-8") for line in source.splitlines()]

@@ -19,7 +19,9 @@ imported NumPy, SciPy, pytest and Hypothesis (never sparsegen), which saves ~1.5
 
 Before the mutants, the unmutated tests run once under a line tracer: they must pass, their time
 sets the per-mutant timeout, and a mutant on lines they never execute is reported `uncovered`
-without running (it cannot be killed). Statuses: killed (a test failed or errored), timeout (counts
+without running (it cannot be killed). The tracer sees the test process only: where tests run the
+module in forked children (the cache's tests, as another user), `run_uncovered = true` in
+modules.toml runs those mutants anyway. Statuses: killed (a test failed or errored), timeout (counts
 as killed), survived, uncovered (counts as survived), equivalent (listed in equivalent.toml with a
 reason; out of the score). Score = (killed + timeout) / (mutants - equivalent).
 
@@ -66,13 +68,17 @@ def load_config(path: Path) -> dict:
         cfg = tomllib.load(f)
     mods = cfg.get("module", {})
     for name, m in mods.items():
-        unknown = set(m) - {"tests", "functions", "exclude_functions", "timeout", "owner", "note"}
+        unknown = set(m) - {"tests", "functions", "exclude_functions", "operators", "run_uncovered", "timeout", "owner",
+                           "note"}
         if unknown:
             raise SystemExit(f"{path}: module {name!r}: unknown keys {sorted(unknown)}")
         if not (REPO / name).is_file():
             raise SystemExit(f"{path}: module {name!r}: no such file under {REPO}")
         if not m.get("tests"):
             raise SystemExit(f"{path}: module {name!r}: no tests")
+        extra = set(m.get("operators", ())) - set(mutgen.EXTRA)
+        if extra:
+            raise SystemExit(f"{path}: module {name!r}: unknown operators {sorted(extra)}; known: {mutgen.EXTRA}")
     return cfg
 
 
@@ -253,7 +259,7 @@ def covered(m: mutgen.Mutant, source: str, lines: set[int]) -> bool:
 def run_module(name: str, conf: dict, args, scratch: Path, equivalents: dict, out_dir: Path) -> dict:
     path = scratch / name
     source = (REPO / name).read_text()
-    all_mutants = [m for m in mutgen.find(source) if in_scope(m, conf)]
+    all_mutants = [m for m in mutgen.find(source, conf.get("operators", ())) if in_scope(m, conf)]
     chosen = all_mutants
     if args.survivors:
         previous = out_dir / f"{slug(name)}.json"
@@ -293,7 +299,7 @@ def run_module(name: str, conf: dict, args, scratch: Path, equivalents: dict, ou
             rec = {"index": m.index, "key": list(m.key), "line": m.line, "col": m.col, "op": m.op,
                    "function": m.function, "original": m.original, "mutated": m.mutated}
             reason = equivalents.get((name, *m.key))
-            if not covered(m, source, lines):
+            if not covered(m, source, lines) and not conf.get("run_uncovered"):
                 rec.update(status="uncovered", seconds=0.0, rc=None)
             else:
                 path.write_text(m.apply(source))

@@ -75,7 +75,7 @@ def load(path, format: str | None = None, **options) -> sp.csr_matrix:
     try:
         return READERS[format](path, **options)
     except MemoryError as e:  # the readers ask for memory first; this is what their estimates missed
-        raise SparsegenError(f"{path}: reading it ran out of memory ({e or 'MemoryError'})") from None
+        raise SparsegenError(f"{path}: reading it ran out of memory ({str(e) or 'MemoryError'})") from None
 
 
 def as_csr(matrix, dtype=None) -> sp.csr_matrix:
