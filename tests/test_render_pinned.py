@@ -147,6 +147,10 @@ def test_template_dir_of_an_installed_package(monkeypatch, tmp_path):
     fake = types.ModuleType("sparsegen.templates")
     fake.__file__ = str(tmp_path / "site" / "sparsegen" / "templates" / "__init__.py")
     monkeypatch.setitem(sys.modules, "sparsegen.templates", fake)
+    import sparsegen
+
+    # `import sparsegen.templates as pkg` reads the package's attribute first, once it has been imported
+    monkeypatch.setattr(sparsegen, "templates", fake, raising=False)
     assert render.template_dir() == tmp_path / "site" / "sparsegen" / "templates"
 
 
