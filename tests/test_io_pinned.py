@@ -1583,3 +1583,30 @@ def test_load_turns_a_memory_error_into_a_sparsegen_error(tmp_path, monkeypatch)
     with pytest.raises(SparsegenError) as e:
         load(tmp_path / "a.tsv")
     assert str(e.value).endswith("reading it ran out of memory (MemoryError)")
+
+
+def csr32(data, indices, indptr, shape):
+    return sp.csr_matrix((np.float32(data), np.int32(indices), np.int32(indptr)), shape=shape)
+
+
+def test_as_csr_shortcut_at_each_row_boundary():
+    # rows 0 and 1 each start again at column 0: canonical, returned as it is
+    for a in (csr32([1, 2], [0, 0], [0, 1, 2], (2, 1)),           # boundary at position 1
+              csr32([1, 2, 3], [0, 1, 0], [0, 2, 3], (2, 2)),     # the only boundary, at 2
+              csr32([1, 2, 3], [0, 1, 0], [0, 1, 2, 3], (3, 2))):  # the last boundary, at 2
+        assert as_csr(a) is a
+    # one row, unsorted: the third index is above the first but below the second
+    a = csr32([1, 2, 3], [0, 2, 1], [0, 3], (1, 3))
+    got = as_csr(a)
+    assert got is not a and arrays(got) == ([0, 3], [0, 1, 2], [1.0, 3.0, 2.0])
+    # an empty first row does not make the last pair a boundary
+    a = csr32([1, 2], [1, 0], [0, 0, 2], (2, 2))
+    got = as_csr(a)
+    assert got is not a and arrays(got) == ([0, 0, 2], [0, 1], [2.0, 1.0])
+
+
+def test_bsr_blocks_of_one_column_and_of_one_row():
+    assert triplets("bsr", (2, 2), data=np.float32([[[5], [6]], [[7], [8]]]), indices=np.int32([0, 1]),
+                    indptr=np.int32([0, 2])) == ([0, 1, 0, 1], [0, 0, 1, 1], [5.0, 6.0, 7.0, 8.0])
+    assert triplets("bsr", (2, 2), data=np.float32([[[5, 6]]]), indices=np.int32([0]),
+                    indptr=np.int32([0, 0, 1])) == ([1, 1], [0, 1], [5.0, 6.0])
