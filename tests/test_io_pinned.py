@@ -1610,3 +1610,148 @@ def test_bsr_blocks_of_one_column_and_of_one_row():
                     indptr=np.int32([0, 2])) == ([0, 1, 0, 1], [0, 0, 1, 1], [5.0, 6.0, 7.0, 8.0])
     assert triplets("bsr", (2, 2), data=np.float32([[[5, 6]]]), indices=np.int32([0]),
                     indptr=np.int32([0, 0, 1])) == ([1, 1], [0, 1], [5.0, 6.0])
+
+
+# ----------------------------------------------------------------------- files: what races and fails
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_open_regular_refuses_a_socket_before_opening_it(tmp_path):
+    import socket
+    path = tmp_path / "s.tsv"
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(str(path))
+        e = error(_files.open_regular, path)
+        assert parts(e) == (str(path), None, "a regular file", "a socket")
+    finally:
+        s.close()
+
+
+def test_open_regular_does_not_block_on_a_fifo_swapped_in_after_the_stat(tmp_path, monkeypatch):
+    import threading
+    fifo = tmp_path / "p.tsv"
+    os.mkfifo(fifo)
+    regular = os.stat(__file__)
+    monkeypatch.setattr(_files.os, "stat", lambda p: regular)  # the stat saw a regular file
+    outcome = []
+
+    def attempt():
+        try:
+            _files.open_regular(fifo)
+        except FormatError as e:
+            outcome.append(e)
+    t = threading.Thread(target=attempt, daemon=True)
+    t.start()
+    t.join(10)
+    if t.is_alive():  # opened without O_NONBLOCK: release the reader, then fail
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        t.join(5)
+        pytest.fail("open_regular blocked on a FIFO")
+    assert parts(outcome[0]) == (str(fifo), None, "a regular file", "a FIFO (named pipe)")
+
+
+def test_open_regular_closes_what_it_opened_when_it_refuses(tmp_path, monkeypatch):
+    p = tmp_path / "a.tsv"
+    p.write_text("1 1 1\n")
+    real = os.fstat
+
+    def fstat_says_fifo(fd):
+        return os.stat_result((stat.S_IFIFO | 0o644,) + tuple(real(fd))[1:])
+    monkeypatch.setattr(_files.os, "fstat", fstat_says_fifo)
+    before = open_fds()
+    error(_files.open_regular, p)
+    assert open_fds() == before
+
+    def fstat_fails(fd):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(_files.os, "fstat", fstat_fails)
+    e = error(_files.open_regular, p)
+    assert parts(e) == (str(p), None, "a readable file", "Input/output error") and open_fds() == before
+
+
+def test_open_and_read_failures_are_format_errors(tmp_path, monkeypatch):
+    p = tmp_path / "a.tsv"
+    p.write_text("1 1 1\n")
+    real_open = os.open
+
+    def denied(path, flags, *a):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(_files.os, "open", denied)
+    assert parts(error(_files.open_regular, p)) == (str(p), None, "a readable file", "Permission denied")
+    monkeypatch.setattr(_files.os, "open", lambda *a: (_ for _ in ()).throw(OSError("no strerror here")))
+    assert error(_files.open_regular, p).found == "no strerror here"
+    monkeypatch.setattr(_files.os, "open", real_open)
+
+    class Broken:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self, n):
+            raise OSError(5, "Input/output error")
+    monkeypatch.setattr(_files, "open_regular", lambda path: (Broken(), 6))
+    assert parts(error(_files.read_bytes, p)) == (str(p), None, "a readable file", "Input/output error")
+
+
+def test_stat_failures_other_than_missing(tmp_path, monkeypatch):
+    def denied(p):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(_files.os, "stat", denied)
+    assert parts(error(_files.open_regular, tmp_path / "x")) == (str(tmp_path / "x"), None, "a readable file",
+                                                                 "Permission denied")
+    monkeypatch.setattr(_files.os, "stat", lambda p: (_ for _ in ()).throw(OSError("odd")))
+    assert error(_files.open_regular, tmp_path / "x").found == "odd"
+
+
+class OneByte(io.BytesIO):
+    """A file that gives at most one byte a read."""
+
+    def read(self, n=-1):
+        return super().read(1 if n is None or n < 0 else min(n, 1))
+
+
+def test_gunzip_finds_the_next_member_a_byte_at_a_time():
+    raw = gzip.compress(b"ab") + b"\0\0" + gzip.compress(b"cd")
+    assert _files.Gunzip(OneByte(raw), "p").read(100) == b"abcd"
+    e = error(_files.Gunzip(OneByte(gzip.compress(b"ab") + b"\0x"), "p").read, 100)
+    assert e.found == "1 byte of other data after a member"
+
+
+def test_gunzip_members_use_the_whole_32_kb_window():
+    far = os.urandom(20000) * 2  # the second half refers back 20000 bytes: past a 16 KB window
+    assert _files.gunzip(gzip.compress(far), "p") == far
+    assert _files.gunzip(gzip.compress(b"ab") + gzip.compress(far), "p") == b"ab" + far
+
+
+def test_gunzip_read_returns_at_most_n_across_members():
+    g = _files.Gunzip(io.BytesIO(gzip.compress(b"ab") + gzip.compress(b"cdefghij")), "p")
+    assert g.read(5) == b"abcde" and g.read(2) == b"fg" and g.read(100) == b"hij"
+
+
+class Counting:
+    """A stream that records how many bytes were asked of it."""
+
+    def __init__(self, inner):
+        self.inner, self.asked = inner, 0
+
+    def read(self, n):
+        self.asked += n
+        return self.inner.read(n)
+
+
+def test_source_reads_no_further_than_one_byte_past_the_limit(tmp_path, monkeypatch):
+    (tmp_path / "b.idx").write_bytes(gzip.compress(b"0123456789"))
+    monkeypatch.setenv("SPARSEGEN_MAX_DECOMPRESSED_BYTES", "5")
+    for first, second, asked in ((0, 8, 6), (0, 7, 6), (2, 8, 6), (0, 6, 6)):
+        with _files.Source(tmp_path / "b.idx") as s:
+            s.stream = Counting(s.stream)
+            if first:
+                assert s.read(first) == b"01"
+            with pytest.raises(FormatError):
+                s.read(second)
+            assert s.stream.asked == asked, (first, second)
