@@ -1614,6 +1614,16 @@ def test_bsr_blocks_of_one_column_and_of_one_row():
 
 # ----------------------------------------------------------------------- files: what races and fails
 
+class OsWith:
+    """The os module with some functions replaced, for one module under test."""
+
+    def __init__(self, **replaced):
+        self.__dict__.update(replaced)
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -1660,14 +1670,15 @@ def test_open_regular_closes_what_it_opened_when_it_refuses(tmp_path, monkeypatc
 
     def fstat_says_fifo(fd):
         return os.stat_result((stat.S_IFIFO | 0o644,) + tuple(real(fd))[1:])
-    monkeypatch.setattr(_files.os, "fstat", fstat_says_fifo)
+    # the reader's own `os` only: the interpreter and pytest keep the real fstat
+    monkeypatch.setattr(_files, "os", OsWith(fstat=fstat_says_fifo))
     before = open_fds()
     error(_files.open_regular, p)
     assert open_fds() == before
 
     def fstat_fails(fd):
         raise OSError(5, "Input/output error")
-    monkeypatch.setattr(_files.os, "fstat", fstat_fails)
+    monkeypatch.setattr(_files, "os", OsWith(fstat=fstat_fails))
     e = error(_files.open_regular, p)
     assert parts(e) == (str(p), None, "a readable file", "Input/output error") and open_fds() == before
 
