@@ -1882,3 +1882,60 @@ def test_tsv_errors_name_late_lines():
     assert e.line == 5
     e = error(tsv.parse, tsv_lines(*ok, b"1 4195000 1"))
     assert e.line == 5
+
+
+def test_mtx_banner_errors_show_the_first_line_only():
+    e = error(mtx.parse, b"\n" + MTX + b"1 1 0\n")
+    assert (e.line, e.found) == (1, "''")
+    bad = b"%%MatrixMarket matrix coordinate real general " + b"x" * 40
+    e = error(mtx.parse, bad + b"\n1 1 0\n")
+    assert e.found == repr(bad.decode()[:80] + "...")
+    e = error(mtx.parse, bad[:80] + b"\n1 1 0\n")
+    assert e.found == repr(bad.decode()[:80])
+
+
+def test_mtx_errors_name_late_lines():
+    ok = b"1 1 1\n2 2 1\n3 3 1\n"
+    e = error(mtx.parse, MTX + b"9 9 5\n" + ok + b"4 4 1e39\n5 5 1\n")
+    assert e.line == 6  # the fourth entry's value
+    pattern = b"%%MatrixMarket matrix coordinate pattern general\n3 3 3\n1 1\n1 4\n2 2\n"
+    e = error(mtx.parse, pattern)
+    assert (e.line, e.expected) == (4, "a column index in 1..3")
+    e = error(mtx.parse, b"%%MatrixMarket matrix coordinate pattern general\n3 3 3\n1 1\n4 1\n2 2\n")
+    assert (e.line, e.expected) == (4, "a row index in 1..3")
+
+
+def zipped(members: dict, short: str | None = None, missing: int = 0) -> bytes:
+    """A deflated zip of .npy members; the directory claims `missing` more bytes for member `short`
+    than it holds (zipfile then reads it short, without an error)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for k, v in members.items():
+            z.writestr(k + ".npy", v)
+    raw = bytearray(buf.getvalue())
+    if short is not None:
+        name = (short + ".npy").encode()
+        local = raw.index(name) - 30  # the first occurrence: the local header's name
+        central = raw.index(b"PK\x01\x02")
+        while raw[central + 46:central + 46 + len(name)] != name:
+            central = raw.index(b"PK\x01\x02", central + 4)
+        size = len(members[short]) + missing
+        struct.pack_into("<I", raw, local + 22, size)
+        struct.pack_into("<I", raw, central + 24, size)
+    return bytes(raw)
+
+
+def test_npz_member_shorter_than_its_directory_says(tmp_path):
+    members = csr_archive(data=npy("<f4", (2,), struct.pack("<f", 1.5)))  # 4 of its 8 bytes of data
+    p = tmp_path / "m.npz"
+    p.write_bytes(zipped(members, "data", 4))
+    e = error(npz.read, p)
+    assert (e.expected, e.found) == ("member data.npy: 8 bytes of data", "4 bytes (truncated)")
+
+
+def test_npz_extra_bytes_found_whatever_the_read_size(tmp_path, monkeypatch):
+    monkeypatch.setattr(npz, "READ_CHUNK", 8)  # 12 bytes of data in reads of 8 and 4
+    p = archive(tmp_path, csr_archive(indptr=npy("<i4", (3,), struct.pack("<4i", 0, 1, 2, 9))))
+    e = error(npz.read, p)
+    assert (e.expected, e.found) == ("member indptr.npy: 12 bytes of data", "more bytes after them")
+    assert npz.read(archive(tmp_path, csr_archive(), name="ok.npz")).shape == (2, 3)
