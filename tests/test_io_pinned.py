@@ -1939,3 +1939,38 @@ def test_npz_extra_bytes_found_whatever_the_read_size(tmp_path, monkeypatch):
     e = error(npz.read, p)
     assert (e.expected, e.found) == ("member indptr.npy: 12 bytes of data", "more bytes after them")
     assert npz.read(archive(tmp_path, csr_archive(), name="ok.npz")).shape == (2, 3)
+
+
+def test_smtx_empty_matrix_with_something_on_its_third_line():
+    e = error(smtx.parse, b"2 2 0\n0 0 0\n5")
+    assert (e.line, e.expected, e.found) == (3, "0 column indices (nnz)", "1")
+
+
+def test_smtx_columns_of_a_matrix_without_columns():
+    e = error(smtx.parse, b"1 0 1\n0 1\n0\n")
+    assert (e.line, e.expected, e.found) == (3, "column indices in 0..-1", "0 at position 0")
+
+
+@pytest.mark.parametrize("magic", [2050, 2052, 2048])
+def test_idx_magics_next_to_the_known_ones_are_unknown(tmp_path, magic):
+    p = tmp_path / "h.idx"
+    p.write_bytes(struct.pack(">I", magic) + b"x" * 20)
+    assert error(idx.read, p).found == f"magic {magic} = 0x{magic:08x} (an unknown magic)"
+
+
+def test_idx_truncation_by_one_byte_is_settled_before_reading(tmp_path, monkeypatch):
+    reads = []
+    real = _files.Source.read
+
+    def read(self, n):
+        reads.append(n)
+        return real(self, n)
+    monkeypatch.setattr(_files.Source, "read", read)
+    e = error(idx.read, idx_file(tmp_path, 1, 3, 3, bytes(8)))  # 9 bytes of pixels needed, 8 there
+    assert (e.expected, e.found) == ("9 bytes of pixels for 1 images of 3x3", "8 bytes (truncated)")
+    assert reads == [16]
+
+
+def test_idx_a_large_image_is_backed_by_its_own_bytes(tmp_path):
+    m = idx.read(idx_file(tmp_path, 1, 512, 512, bytes(512 * 511) + bytes([255]) * 512))
+    assert m.shape == (1, 262144) and m.nnz == 512 and m.indices[0] == 512 * 511
