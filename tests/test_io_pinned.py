@@ -1808,6 +1808,13 @@ def test_slow_path_reads_short_tokens_after_a_long_one():
     assert got.tolist() == [float("1" * 100), 0.0]
 
 
+def test_the_fast_path_takes_only_digits_and_e_where_its_layout_has_them():
+    # a later token of the first one's layout, with ':' (one past '9') for a digit, or 'd' for 'e'
+    for text in (b"12 1:", b"1e5 1d5", b"1e5 1D5", b"1.5 1/5"):
+        e = error(floats, text)
+        assert (e.expected, e.found) == ("a number (value)", repr(text.split()[1].decode())), text
+
+
 def test_slow_path_names_the_first_bad_token():
     e = error(floats, b"1e23 x 1e24 y")
     assert (e.line, e.found) == (1, "'x'")
@@ -1828,8 +1835,8 @@ def test_the_number_grammar_against_a_regular_expression():
     import itertools
     import re
     pattern = re.compile(rb"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
-    tokens = [bytes(t) for n in range(1, 5) for t in itertools.product(b"1+-.eEx", repeat=n)]
-    width = 4
+    tokens = [bytes(t) for n in range(1, 6) for t in itertools.product(b"1+-.eEx", repeat=n)]
+    width = 5
     chars = np.zeros((len(tokens), width), np.uint8)
     for i, t in enumerate(tokens):
         chars[i, :len(t)] = np.frombuffer(t, np.uint8)
