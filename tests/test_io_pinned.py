@@ -1766,3 +1766,229 @@ def test_source_reads_no_further_than_one_byte_past_the_limit(tmp_path, monkeypa
             with pytest.raises(FormatError):
                 s.read(second)
             assert s.stream.asked == asked, (first, second)
+
+
+# ---------------------------------------------------------------------- the number paths, observed
+
+def slow_tokens(monkeypatch):
+    """The tokens that reach the slow path (grammar check + NumPy's parser)."""
+    seen = []
+    real = _text.Tokens._floats_slow
+
+    def slow(self, part, what):
+        seen.extend(self.text(int(t)) for t in part)
+        return real(self, part, what)
+    monkeypatch.setattr(_text.Tokens, "_floats_slow", slow)
+    return seen
+
+
+@pytest.mark.parametrize("token, value", [
+    (b"1.5", 1.5), (b"-2.25", -2.25), (b"+3", 3.0), (b".5", 0.5), (b"5.", 5.0), (b"1e5", 1e5), (b"1E+5", 1e5),
+    (b"1e-5", 1e-5), (b"-1.5e-3", -1.5e-3), (b"+2.5E+2", 250.0), (b"123456789012345", 123456789012345.0),
+    (b"1e22", 1e22), (b"1e-22", 1e-22), (b"0", 0.0), (b"9.99", 9.99), (b"0.1e1", 1.0), (b"-.5e-0", -0.5),
+])
+def test_plain_decimals_take_the_fast_path(monkeypatch, token, value):
+    seen = slow_tokens(monkeypatch)
+    assert floats(token).tolist() == [value] and seen == []
+
+
+@pytest.mark.parametrize("token, value", [
+    (b"1e23", 1e23), (b"1.5e-22", 1.5e-22), (b"1234567890123456", 1234567890123456.0), (b"1e1234", float("inf")),
+    (b"nan", None), (b"1e0001", 10.0),
+])
+def test_what_the_fast_path_cannot_do_exactly_goes_slow(monkeypatch, token, value):
+    seen = slow_tokens(monkeypatch)
+    got = floats(token).tolist()[0]
+    assert (got == value or value is None) and seen == [repr(token.decode())]
+
+
+def test_a_file_of_eight_layouts_is_read_fast_and_a_ninth_goes_slow(monkeypatch):
+    seen = slow_tokens(monkeypatch)
+    eight = b"1 2.5 .25 1e5 -1.5e-3 12 +123.125 1E+22"  # a sign does not change a layout
+    assert floats(eight).tolist() == [1.0, 2.5, 0.25, 1e5, -1.5e-3, 12.0, 123.125, 1e22] and seen == []
+    assert floats(eight + b" 1234.5 -3").tolist()[-2:] == [1234.5, -3.0] and seen == ["'1234.5'"]
+    seen.clear()
+    assert floats(b"1e23 2.5 3.5").tolist() == [1e23, 2.5, 3.5]
+    assert seen == ["'1e23'", "'2.5'", "'3.5'"]  # the first token is not fast: the rest go slow with it
+
+
+def test_slow_path_reads_short_tokens_after_a_long_one():
+    # the slow batch's width is the longest token's; a short token at the end of the text reads past
+    # its own end within the batch's width
+    got = floats(b"1" * 100 + b" 5e-400")
+    assert got.tolist() == [float("1" * 100), 0.0]
+
+
+def test_the_fast_path_takes_only_digits_and_e_where_its_layout_has_them():
+    # a later token of the first one's layout, with ':' (one past '9') for a digit, or 'd' for 'e'
+    for text in (b"12 1:", b"1e5 1d5", b"1e5 1D5", b"1.5 1/5"):
+        e = error(floats, text)
+        assert (e.expected, e.found) == ("a number (value)", repr(text.split()[1].decode())), text
+
+
+def test_slow_path_names_the_first_bad_token():
+    e = error(floats, b"1e23 x 1e24 y")
+    assert (e.line, e.found) == (1, "'x'")
+
+
+@pytest.mark.parametrize("token", [b"1\xff", b"1/5", b"1:5", b"12a", b"NAN5"])
+def test_more_tokens_that_are_not_numbers(token):
+    e = error(floats, token)
+    assert e.expected == "a number (value)"
+
+
+def test_non_finite_words_in_capitals():
+    got = floats(b"NAN nAN INFINITY -INF")
+    assert np.isnan(got[:2]).all() and got[2:].tolist() == [np.inf, -np.inf]
+
+
+def test_the_number_grammar_against_a_regular_expression():
+    import itertools
+    import re
+    pattern = re.compile(rb"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+    tokens = [bytes(t) for n in range(1, 6) for t in itertools.product(b"1+-.eEx", repeat=n)]
+    width = 5
+    chars = np.zeros((len(tokens), width), np.uint8)
+    for i, t in enumerate(tokens):
+        chars[i, :len(t)] = np.frombuffer(t, np.uint8)
+    lens = np.array([len(t) for t in tokens])
+    got = _text._float_grammar(chars, np.arange(width) < lens[:, None], lens)
+    expected = [pattern.fullmatch(t) is not None for t in tokens]
+    assert got.tolist() == expected
+
+
+def test_integers_with_a_letter_are_not_integers():
+    for token in (b"12a", b"1A", b"b"):
+        e = error(ints, token)
+        assert e.expected == "an integer row index", token
+
+
+def test_shift_out_is_not_whitespace():
+    assert _text.Tokens(b"a\x0eb c", "p").count == 2
+    assert _text.Tokens(b"a\x0db\x0cc\x0bd\x09e\x0af", "p").count == 6
+
+
+def test_cast_values_checks_equal_width_conversions():
+    # uint16 65535 is past float16's 65504: refused, not turned into inf
+    e = error(as_csr, np.array([[65535, 0]], np.uint16), dtype="float16")
+    assert (e.expected, e.found) == ("values representable in float16", "65535.0, which overflows it")
+    assert as_csr(np.array([[65504, 0]], np.uint16), dtype="float16").data.tolist() == [65504.0]
+    # widening keeps what it is given
+    assert _text.cast_values(np.array([np.inf], np.float32), np.dtype(np.float64), "p").tolist() == [np.inf]
+
+
+def test_check_indices_of_an_empty_axis():
+    e = error(tsv.parse, b"1 1 1\n", shape=(0, 5))
+    assert (e.expected, e.found) == ("a row index in 1..0", "1, past the declared shape (0, 5)")
+
+
+def tsv_lines(*lines) -> bytes:
+    return b"".join(line + b"\n" for line in lines)
+
+
+def test_tsv_errors_name_late_lines():
+    ok = [b"1 1 1", b"2 2 1", b"3 3 1", b"4 4 1"]
+    e = error(tsv.parse, tsv_lines(*ok, b"9 1 1"), shape=(8, 8))
+    assert (e.line, e.found) == (5, "9, past the declared shape (8, 8)")
+    e = error(tsv.parse, tsv_lines(*ok, b"1 9 1"), shape=(8, 8))
+    assert (e.line, e.found) == (5, "9, past the declared shape (8, 8)")
+    e = error(tsv.parse, tsv_lines(*ok, b"5 5 1e39"))
+    assert e.line == 5
+    e = error(tsv.parse, tsv_lines(*ok, b"3 3 2"))
+    assert (e.line, e.found) == (5, "a second entry for (row 3, col 3); the first is on line 3")
+    e = error(tsv.parse, tsv_lines(*ok, b"4195000 1 1"))
+    assert e.line == 5
+    e = error(tsv.parse, tsv_lines(*ok, b"1 4195000 1"))
+    assert e.line == 5
+
+
+def test_mtx_banner_errors_show_the_first_line_only():
+    e = error(mtx.parse, b"\n" + MTX + b"1 1 0\n")
+    assert (e.line, e.found) == (1, "''")
+    bad = b"%%MatrixMarket matrix coordinate real general " + b"x" * 40
+    e = error(mtx.parse, bad + b"\n1 1 0\n")
+    assert e.found == repr(bad.decode()[:80] + "...")
+    e = error(mtx.parse, bad[:80] + b"\n1 1 0\n")
+    assert e.found == repr(bad.decode()[:80])
+
+
+def test_mtx_errors_name_late_lines():
+    ok = b"1 1 1\n2 2 1\n3 3 1\n"
+    e = error(mtx.parse, MTX + b"9 9 5\n" + ok + b"4 4 1e39\n5 5 1\n")
+    assert e.line == 6  # the fourth entry's value
+    pattern = b"%%MatrixMarket matrix coordinate pattern general\n3 3 3\n1 1\n1 4\n2 2\n"
+    e = error(mtx.parse, pattern)
+    assert (e.line, e.expected) == (4, "a column index in 1..3")
+    e = error(mtx.parse, b"%%MatrixMarket matrix coordinate pattern general\n3 3 3\n1 1\n4 1\n2 2\n")
+    assert (e.line, e.expected) == (4, "a row index in 1..3")
+
+
+def zipped(members: dict, short: str | None = None, missing: int = 0) -> bytes:
+    """A deflated zip of .npy members; the directory claims `missing` more bytes for member `short`
+    than it holds (zipfile then reads it short, without an error)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for k, v in members.items():
+            z.writestr(k + ".npy", v)
+    raw = bytearray(buf.getvalue())
+    if short is not None:
+        name = (short + ".npy").encode()
+        local = raw.index(name) - 30  # the first occurrence: the local header's name
+        central = raw.index(b"PK\x01\x02")
+        while raw[central + 46:central + 46 + len(name)] != name:
+            central = raw.index(b"PK\x01\x02", central + 4)
+        size = len(members[short]) + missing
+        struct.pack_into("<I", raw, local + 22, size)
+        struct.pack_into("<I", raw, central + 24, size)
+    return bytes(raw)
+
+
+def test_npz_member_shorter_than_its_directory_says(tmp_path):
+    members = csr_archive(data=npy("<f4", (2,), struct.pack("<f", 1.5)))  # 4 of its 8 bytes of data
+    p = tmp_path / "m.npz"
+    p.write_bytes(zipped(members, "data", 4))
+    e = error(npz.read, p)
+    assert (e.expected, e.found) == ("member data.npy: 8 bytes of data", "4 bytes (truncated)")
+
+
+def test_npz_extra_bytes_found_whatever_the_read_size(tmp_path, monkeypatch):
+    monkeypatch.setattr(npz, "READ_CHUNK", 8)  # 12 bytes of data in reads of 8 and 4
+    p = archive(tmp_path, csr_archive(indptr=npy("<i4", (3,), struct.pack("<4i", 0, 1, 2, 9))))
+    e = error(npz.read, p)
+    assert (e.expected, e.found) == ("member indptr.npy: 12 bytes of data", "more bytes after them")
+    assert npz.read(archive(tmp_path, csr_archive(), name="ok.npz")).shape == (2, 3)
+
+
+def test_smtx_empty_matrix_with_something_on_its_third_line():
+    e = error(smtx.parse, b"2 2 0\n0 0 0\n5")
+    assert (e.line, e.expected, e.found) == (3, "0 column indices (nnz)", "1")
+
+
+def test_smtx_columns_of_a_matrix_without_columns():
+    e = error(smtx.parse, b"1 0 1\n0 1\n0\n")
+    assert (e.line, e.expected, e.found) == (3, "column indices in 0..-1", "0 at position 0")
+
+
+@pytest.mark.parametrize("magic", [2050, 2052, 2048])
+def test_idx_magics_next_to_the_known_ones_are_unknown(tmp_path, magic):
+    p = tmp_path / "h.idx"
+    p.write_bytes(struct.pack(">I", magic) + b"x" * 20)
+    assert error(idx.read, p).found == f"magic {magic} = 0x{magic:08x} (an unknown magic)"
+
+
+def test_idx_truncation_by_one_byte_is_settled_before_reading(tmp_path, monkeypatch):
+    reads = []
+    real = _files.Source.read
+
+    def read(self, n):
+        reads.append(n)
+        return real(self, n)
+    monkeypatch.setattr(_files.Source, "read", read)
+    e = error(idx.read, idx_file(tmp_path, 1, 3, 3, bytes(8)))  # 9 bytes of pixels needed, 8 there
+    assert (e.expected, e.found) == ("9 bytes of pixels for 1 images of 3x3", "8 bytes (truncated)")
+    assert reads == [16]
+
+
+def test_idx_a_large_image_is_backed_by_its_own_bytes(tmp_path):
+    m = idx.read(idx_file(tmp_path, 1, 512, 512, bytes(512 * 511) + bytes([255]) * 512))
+    assert m.shape == (1, 262144) and m.nnz == 512 and m.indices[0] == 512 * 511

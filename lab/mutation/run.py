@@ -28,7 +28,8 @@ reason; out of the score). Score = (killed + timeout) / (mutants - equivalent).
 Results: <out>/<module>.json per module (every mutant, its status and time) and <out>/summary.md
 (per-module scores, each surviving mutant with its line and text), regenerated from every JSON
 in <out>. Default out: lab/mutation/results/. `--survivors` re-runs only the mutants that survived
-the module's last run and merges their new status into that run's JSON (its time is listed apart).
+the module's last run (and those the module gained since, when its code changed) and merges their
+new status into that run's JSON, dropping mutants the module no longer has (its time is listed apart).
 """
 from __future__ import annotations
 
@@ -265,9 +266,11 @@ def run_module(name: str, conf: dict, args, scratch: Path, equivalents: dict, ou
         previous = out_dir / f"{slug(name)}.json"
         if not previous.is_file():
             raise SystemExit(f"--survivors: no previous result {previous}")
-        keys = {tuple(r["key"]) for r in json.loads(previous.read_text())["mutants"]
-                if r["status"] in ("survived", "uncovered")}
-        chosen = [m for m in chosen if list(m.key) and tuple(m.key) in keys]
+        records = json.loads(previous.read_text())["mutants"]
+        keys = {tuple(r["key"]) for r in records if r["status"] in ("survived", "uncovered")}
+        known = {tuple(r["key"]) for r in records}
+        # the survivors, and any mutant the module gained since that run (its code changed)
+        chosen = [m for m in chosen if tuple(m.key) in keys or tuple(m.key) not in known]
     if args.function:
         chosen = [m for m in chosen if any(fnmatch.fnmatch(m.function, f) or fnmatch.fnmatch(m.function.split(".")[-1], f)
                                           for f in args.function)]
@@ -327,7 +330,8 @@ def run_module(name: str, conf: dict, args, scratch: Path, equivalents: dict, ou
     print()
     seconds = time.monotonic() - t_start
     if args.survivors:
-        summary = merge_rerun(out_dir / f"{slug(name)}.json", results, seconds, clean_s, tests, args)
+        summary = merge_rerun(out_dir / f"{slug(name)}.json", results, seconds, clean_s, tests, args,
+                              {m.key for m in all_mutants}, len(all_mutants))
     else:
         summary = summarize(name, results, len(all_mutants), seconds, clean_s, tests, args)
     (out_dir / f"{slug(name)}.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -339,18 +343,20 @@ def slug(name: str) -> str:
     return name.removeprefix("sparsegen/").removesuffix(".py").replace("/", ".")
 
 
-def merge_rerun(previous: Path, results, seconds, clean_s, tests, args) -> dict:
+def merge_rerun(previous: Path, results, seconds, clean_s, tests, args, current: set, total: int) -> dict:
     """The previous run of the module with its survivors' records replaced by this re-run's: the
     score of the whole mutant set after new tests (a killed mutant stays killed when tests are only
-    added). `seconds` stays the full run's; the re-run's time is kept apart."""
+    added). Mutants the module no longer has (`current`: the keys it has now) are dropped, and the
+    ones it gained were run here and are added. `seconds` stays the full run's; the re-run's time is
+    kept apart."""
     prev = json.loads(previous.read_text())
     new = {tuple(r["key"]): r for r in results}
-    merged = [new.pop(tuple(r["key"]), r) for r in prev["mutants"]]
+    merged = [new.pop(tuple(r["key"]), r) for r in prev["mutants"] if tuple(r["key"]) in current]
     merged += list(new.values())
     reruns = prev.get("reruns", []) + [{"date": time.strftime("%Y-%m-%d %H:%M"), "mutants": len(results),
                                         "seconds": round(seconds, 1), "tests": tests}]
     was = argparse.Namespace(**{**vars(args), "survivors": False, "sample": prev["sample"], "seed": prev["seed"]})
-    summary = summarize(prev["module"], merged, prev["mutants_total"], prev["seconds"], clean_s, tests, was)
+    summary = summarize(prev["module"], merged, total, prev["seconds"], clean_s, tests, was)
     summary["reruns"] = reruns
     summary["score_text"] += f"; survivors re-run {reruns[-1]['date']} ({len(results)} mutants, {seconds:.0f} s)"
     return summary

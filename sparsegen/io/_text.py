@@ -391,7 +391,7 @@ def cast_values(values, dt, path, where=None):
     """values as dt, refusing finite values that overflow it (1e300 as float32 would become inf)."""
     with np.errstate(over="ignore"):  # overflow is checked right below
         cast = values.astype(dt, copy=False)
-    if cast.dtype != values.dtype and cast.dtype.itemsize < values.dtype.itemsize:
+    if cast.dtype != values.dtype and cast.dtype.itemsize <= values.dtype.itemsize:
         bad = ~np.isfinite(cast)
         if bad.any():
             i = int(np.argmax(bad))
