@@ -574,6 +574,18 @@ def test_run_uses_the_prefetcher(tmp_path, small_weights):
     made["pf"].jobs.clear()
 
 
+def test_each_case_records_where_its_seconds_went(small_weights):
+    ticks = iter(range(0, 10_000, 5))  # every clock reading 5 s after the last
+    lines = []
+    doc = llm.run(cfg(quick=True, shapes=((7168, 7168),), sparsities=(0.5,)), env=ENV,
+                  executor=FakeExecutor(), emit=lines.append, clock=lambda: float(next(ticks)))
+    first, second = doc["cases"]
+    assert set(first["wall_s"]) == {"load", "wait", "measure"}
+    assert first["wall_s"]["load"] == 5.0 and second["wall_s"]["load"] == 0.0  # W is made once
+    assert first["wall_s"]["measure"] == 5.0
+    assert "wall load 5.0s wait 5.0s measure 5.0s" in lines[-2]
+
+
 def test_worker_compiles_what_the_parent_finds_warm(tmp_path, monkeypatch):
     """A real spawned worker process compiles both N of a weight: its plans land where the parent's
     compile() hits them, and the N share one encoding per family."""

@@ -290,6 +290,9 @@ def progress_line(index: int, total: int, rec: dict) -> str:
              f"cusparse {ms('cusparse')} ms",
              "bw -" if frac is None else f"bw {100 * frac:.0f}%",
              "err -" if err is None else f"err {err:.2e}", status]
+    wall = rec.get("wall_s")
+    if wall:  # where a case's seconds went: making W, waiting for its compile-ahead job, measuring
+        parts.append("wall " + " ".join(f"{k} {v:.1f}s" for k, v in wall.items()))
     if rec.get("note") and rec["status"] != "ok":
         parts.append(f"({rec['note'][:160]})")
     return "  ".join(parts)
@@ -464,6 +467,7 @@ def run(cfg, *, env: dict, executor=None, emit=print, checkpoint=None, clock=tim
         for weight, cases in pending:
             if stop_now() or doc.get("aborted"):
                 break
+            t_load = clock()
             try:
                 A = weight.load()
             except Exception as exc:  # a weight that cannot be made fails its cases, visibly
@@ -480,6 +484,7 @@ def run(cfg, *, env: dict, executor=None, emit=print, checkpoint=None, clock=tim
                 continue
             info = matrix_info(A)
             ctx = executor.weight(A)
+            load_s = clock() - t_load  # charged to the weight's first case measured here
             try:
                 for case in cases:
                     if stop_now():
@@ -487,11 +492,16 @@ def run(cfg, *, env: dict, executor=None, emit=print, checkpoint=None, clock=tim
                     index += 1
                     rec = base_record(case, info)
                     folder = case_dir(root, case)
+                    t_wait = clock()
                     try:
                         ahead = pf.take(case) if pf is not None else None
                         if ahead is not None:
                             rec["prefetch_s"] = ahead.get("seconds")
+                        t_run = clock()
+                        rec["wall_s"] = {"load": round(load_s, 2), "wait": round(t_run - t_wait, 2)}
+                        load_s = 0.0
                         rec.update(ctx.run(case, cache=folder))
+                        rec["wall_s"]["measure"] = round(clock() - t_run, 2)
                     except Exception as exc:
                         rec["_final_status"] = True
                         rec["note"] = join_notes(rec.get("note"), message(exc))
