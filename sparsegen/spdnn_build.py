@@ -221,18 +221,37 @@ def build(jobs_of, count: int, backend: str, workers: int, progress: Progress, c
     orders: list = []
     if not workers:
         results = []
-        for l in range(count):
+        for l in range(count):  # plans here, in order; nvcc afterwards, every distinct body at once
             if chain is not None:
                 orders.append(next_order(*_structure_in_worker(chain[0], l, chain[1]), orders[-1] if orders else None,
                                          chain[2]))
-            results.append(build_layer(jobs_of(l, orders), backend))
+            results.append(build_layer(jobs_of(l, orders), "emulate" if backend == "gpu" else backend))
             progress(l + 1)
+        if backend == "gpu":
+            compile_cubins([kernel for kernel, _ in results])
         return results, orders
     import multiprocessing
 
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         results, orders = _build_in_pool(pool, jobs_of, count, backend, progress, chain)
     return results, orders
+
+
+def compile_cubins(kernels, threads: int | None = None) -> None:
+    """Give each kernel its cubin and the GPU backend: nvcc once per distinct body (kernels of one
+    spec share a cubin), the bodies compiled side by side in threads, since nvcc runs as a process
+    of its own and a network's layers can make a few dozen specs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    first = {}
+    for kernel in kernels:
+        first.setdefault(kernel.cubin_key, kernel)
+    threads = threads or max(1, min(16, os.cpu_count() or 1, len(first)))
+    with ThreadPoolExecutor(threads) as pool:
+        cubins = dict(zip(first, pool.map(lambda k: k.cubin, first.values())))
+    for kernel in kernels:
+        kernel._cubin = cubins[kernel.cubin_key]
+        kernel.backend = "gpu"
 
 
 def _build_in_pool(pool, jobs_of, count, backend, progress, chain):

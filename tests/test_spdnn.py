@@ -253,3 +253,23 @@ def test_weights_biases_caps_and_inputs_the_float32_kernel_cannot_hold_are_named
     inputs.data[0] = -1e300
     with pytest.raises(FormatError, match=r"<inputs>: .*found -1e\+300 at \(row 0, col"):
         net.run(inputs)
+
+
+@pytest.mark.nvcc
+def test_a_serial_build_compiles_each_distinct_body_once(monkeypatch, tmp_path):
+    """Layers built in order get their cubins afterwards, one nvcc per distinct kernel body, and
+    then launch on the GPU backend."""
+    from sparsegen import api, nvcc, spdnn_build
+
+    monkeypatch.setenv("SPARSEGEN_CACHE_DIR", str(tmp_path))
+    bodies = []
+    real = nvcc.compile_cubin
+    monkeypatch.setattr(nvcc, "compile_cubin", lambda source, arch, **kw: bodies.append(source) or real(source, arch, **kw))
+    twin = random_csr(64, 64, 0.2, seed=1)
+    layers = [(twin, -0.3), (sp.csr_matrix(twin * 2.0), -0.3), (random_csr(64, 64, 0.5, seed=2), -0.2)]
+    kernels = [api.compile(w, op="spdnn_layer", bias=b, cap=32.0, backend="emulate", arch="sm_90") for w, b in layers]
+    assert kernels[0].cubin_key == kernels[1].cubin_key != kernels[2].cubin_key
+    spdnn_build.compile_cubins(kernels, threads=2)
+    assert len(bodies) == 2
+    assert all(k.backend == "gpu" and k._cubin[:4] == b"\x7fELF" for k in kernels)
+    assert kernels[0]._cubin is kernels[1]._cubin
