@@ -83,7 +83,8 @@ def function(key: str, cubin: bytes, name: str, shared_bytes: int) -> int:
         functions = _state["functions"]
         if (key, name) not in functions:
             module = _P()
-            check(lib.cuModuleLoadData(ctypes.byref(module), cubin), f"loading the cubin of {name}")
+            image = cubin if isinstance(cubin, bytes) else bytes(cubin)  # a cache hit is a read-only view
+            check(lib.cuModuleLoadData(ctypes.byref(module), image), f"loading the cubin of {name}")
             func = _P()
             check(lib.cuModuleGetFunction(ctypes.byref(func), module, name.encode()), f"finding kernel {name}")
             functions[(key, name)] = func.value
