@@ -185,11 +185,12 @@ def _cubin_for(source: str, arch: str, name: str, cache: Cache, timings: Timings
     k = cubin_key(source, arch)
     cubin = cache.get("cubin", k, arch=arch)  # a cubin for another SM is a miss, recompiled
     timings.cached["cubin"] = cubin is not None
-    if cubin is None:
-        t = time.perf_counter()
-        cubin = nvcc.compile_cubin(source, arch, name=name)
-        timings.nvcc = time.perf_counter() - t
-        cache.put("cubin", k, cubin)
+    if cubin is not None:
+        return bytes(cubin)  # the cache's view, copied: a kernel's cubin pickles and loads as bytes
+    t = time.perf_counter()
+    cubin = nvcc.compile_cubin(source, arch, name=name)
+    timings.nvcc = time.perf_counter() - t
+    cache.put("cubin", k, cubin)
     return cubin
 
 

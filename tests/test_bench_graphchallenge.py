@@ -101,3 +101,20 @@ def test_a_case_runs_end_to_end_with_the_emulator(monkeypatch, data_dir):
     assert any("600 inputs" in line for line in lines) and any("compiled 24 layers" in line for line in lines)
     json.dumps(rec)
     assert "reference ok (200 inputs)" in suite.progress_line(rec)
+
+
+def test_resume_keeps_the_passed_cases_and_runs_the_failed_ones_again(monkeypatch, tmp_path):
+    ran = []
+
+    def measured(case, data, emit):
+        ran.append(case.id)
+        return {"id": case.id, "pass": True, "status": "ok"}
+
+    monkeypatch.setattr(suite, "run_case", measured)
+    first, second = (c.id for c in suite.QUICK)
+    previous = {"cases": [{"id": first, "pass": True, "status": "ok", "kept": True},
+                          {"id": second, "pass": False, "status": "failed", "note": "boom"}]}
+    cfg = SimpleNamespace(max_minutes=None, quick=True, limit=None, data_dir=tmp_path)
+    doc = suite.run(cfg, env={}, emit=lambda line: None, previous=previous)
+    assert ran == [second]
+    assert doc["cases"][0]["kept"] and doc["cases"][1]["status"] == "ok"

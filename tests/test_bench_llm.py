@@ -469,10 +469,14 @@ def test_deadline_truncates_and_resume_finishes(tmp_path, small_weights):
     assert doc2["runs"] == ["sparsegen bench llm --quick", "sparsegen bench llm --quick --resume"]
     assert len(doc2["copy_bandwidth_runs"]) == 2
     # nothing left: no executor is made, nothing runs
-    doc3 = llm.run(cfg(quick=True, workers=0), env=env2, executor=None, emit=lambda s: None,
+    # a third sitting tries only the failed cases again: the unloadable W's 2, which fail again
+    # before they reach the GPU
+    lines, third = [], FakeExecutor()
+    doc3 = llm.run(cfg(quick=True, workers=0), env=env2, executor=third, emit=lines.append,
                    previous=json.loads(llm.write_json(doc2, tmp_path / "r").read_text()),
                    scratch=tmp_path)
-    assert len(doc3["cases"]) == 20 and doc3["copy_bandwidth"] == doc2["copy_bandwidth"]
+    assert len(doc3["cases"]) == 20 and not third.seen
+    assert sum("load failed" in line for line in lines) == 2
 
 
 def test_run_stops_when_context_lost(tmp_path, small_weights):

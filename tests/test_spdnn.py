@@ -273,3 +273,21 @@ def test_a_serial_build_compiles_each_distinct_body_once(monkeypatch, tmp_path):
     assert len(bodies) == 2
     assert all(k.backend == "gpu" and k._cubin[:4] == b"\x7fELF" for k in kernels)
     assert kernels[0]._cubin is kernels[1]._cubin
+
+
+@pytest.mark.nvcc
+def test_a_worker_returns_a_cached_cubin_as_bytes(monkeypatch, tmp_path):
+    """A network's layers whose spec another network compiled find the cubin in the cache; the
+    worker's answer crosses a process boundary, so it must pickle."""
+    import pickle
+
+    from sparsegen import api, spdnn_build
+
+    monkeypatch.setenv("SPARSEGEN_CACHE_DIR", str(tmp_path))
+    kernel = api.compile(random_csr(64, 64, 0.2, seed=1), op="spdnn_layer", bias=-0.3, cap=32.0,
+                         backend="emulate", arch="sm_90")
+    body = kernel.source.split("*/\n", 1)[1]
+    fresh = spdnn_build._cubin_in_worker(body, "sm_90", kernel.spec.name)
+    cached = spdnn_build._cubin_in_worker(body, "sm_90", kernel.spec.name)
+    assert type(cached) is bytes and cached == fresh
+    assert pickle.loads(pickle.dumps(cached)) == fresh

@@ -152,7 +152,7 @@ def add_arguments(parser) -> None:
                         help="llm: skip the cuSPARSE baseline")
     parser.add_argument("--resume", action="store_true",
                         help="keep the cases of DIR/<suite>.json (same suite and GPU) and run "
-                             "only the missing ones: finish a long suite in several sittings")
+                             "only the missing and the failed ones: finish a long suite in several sittings")
 
 
 # Options one suite (or a few) reads: (argument, the suite's parser, BenchConfig field, who has it).

@@ -352,7 +352,7 @@ def run(cfg, *, env: dict, executor=None, emit=print, checkpoint=None, clock=tim
     cases = doc["cases"]
     done = set()
     if previous:
-        kept = [c for c in previous.get("cases", []) if case_key(c) in order]
+        kept = [c for c in previous.get("cases", []) if case_key(c) in order and c.get("status") != "failed"]
         cases.extend(kept)
         done = {case_key(c) for c in kept}
         doc["runs"] = list(previous.get("runs") or [previous.get("command")]) + [doc["command"]]

@@ -74,7 +74,7 @@ def run(cfg, *, env: dict, emit=print, checkpoint=None, previous=None, clock=tim
                                                                    "command")},
            "environment": {k: env.get(k) for k in ("compute_capability", "torch", "python", "revision_dirty")},
            "truncated": False, "cases": []}
-    done = {c["id"]: c for c in (previous or {}).get("cases", [])}
+    done = {c["id"]: c for c in (previous or {}).get("cases", []) if c.get("status") != "failed"}  # failed: again
     deadline = clock() + 60 * cfg.max_minutes if cfg.max_minutes else None
     cases = QUICK if cfg.quick else CASES
     if cfg.limit:

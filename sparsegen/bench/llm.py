@@ -411,7 +411,7 @@ def run(cfg, *, env: dict, executor=None, emit=print, checkpoint=None, clock=tim
     }
     done = set()
     if previous:  # every earlier case stays: slices (--shapes, --sparsity, --n) accumulate
-        kept = list({case_key(c): c for c in previous.get("cases", [])}.values())
+        kept = list({case_key(c): c for c in previous.get("cases", []) if c.get("status") != "failed"}.values())
         doc["cases"].extend(kept)
         done = {case_key(c) for c in kept}
         planned |= done
