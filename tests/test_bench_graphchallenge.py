@@ -115,6 +115,9 @@ def test_resume_keeps_the_passed_cases_and_runs_the_failed_ones_again(monkeypatc
     previous = {"cases": [{"id": first, "pass": True, "status": "ok", "kept": True},
                           {"id": second, "pass": False, "status": "failed", "note": "boom"}]}
     cfg = SimpleNamespace(max_minutes=None, quick=True, limit=None, data_dir=tmp_path)
-    doc = suite.run(cfg, env={}, emit=lambda line: None, previous=previous)
+    previous["command"] = "sparsegen bench graphchallenge"
+    doc = suite.run(cfg, env={"command": "sparsegen bench graphchallenge --resume"}, emit=lambda line: None,
+                    previous=previous)
     assert ran == [second]
+    assert doc["runs"] == ["sparsegen bench graphchallenge", "sparsegen bench graphchallenge --resume"]
     assert doc["cases"][0]["kept"] and doc["cases"][1]["status"] == fake_case()["status"]

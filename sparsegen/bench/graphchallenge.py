@@ -34,7 +34,7 @@ import scipy.sparse as sp
 from .. import graphchallenge as gc
 from ..spdnn import SparseDNN
 from ..spdnn_build import layer_matrix
-from .report import atomic_write
+from .report import atomic_write, header_lines
 
 RUNS = 3
 INPUTS = 60000
@@ -75,6 +75,8 @@ def run(cfg, *, env: dict, emit=print, checkpoint=None, previous=None, clock=tim
            "environment": {k: env.get(k) for k in ("compute_capability", "torch", "python", "revision_dirty")},
            "truncated": False, "cases": []}
     done = {c["id"]: c for c in (previous or {}).get("cases", []) if c.get("status") != "failed"}  # failed: again
+    if previous:
+        doc["runs"] = list(previous.get("runs") or [previous.get("command")]) + [doc["command"]]
     deadline = clock() + 60 * cfg.max_minutes if cfg.max_minutes else None
     cases = QUICK if cfg.quick else CASES
     if cfg.limit:
@@ -375,10 +377,7 @@ def _gb(v) -> str:
 
 
 def markdown(doc: dict) -> str:
-    lines = ["# sparsegen benchmark: `graphchallenge`", "", f"Command: `{doc.get('command')}`", "",
-             "| GPU | driver | CUDA | revision | date |", "|---|---|---|---|---|",
-             f"| {doc.get('gpu')} | {doc.get('driver')} | {doc.get('cuda')} | `{(doc.get('revision') or 'none')[:12]}` "
-             f"| {doc.get('date')} |", "",
+    lines = header_lines({"suite": "graphchallenge", **doc}) + [
              "Inference time = GPU time from the first layer to the last pruning step (CUDA events; best of "
              f"{RUNS} runs after a warm-up). TeraEdges/s = inputs x sum(nnz(W_l)) / inference time, every layer "
              "counted, skipped or not. Converge on: each distinct row computed once, layers skipped where the "
