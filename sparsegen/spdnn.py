@@ -182,6 +182,17 @@ class SparseDNN:
         part.output_order = self.output_order if stop == count else None
         return part
 
+    def prepare(self, weights: str = "resident") -> "SparseDNN":
+        """Load the layer kernels and, with resident weights, copy every layer to the GPU now, so that
+        the next run's time is the inference alone (a run does this itself when it has not been done).
+        Nothing to do on the emulator."""
+        if self.backend == "gpu":
+            from . import runtime
+            from .spdnn_gpu import GpuRun
+
+            GpuRun(self, runtime, weights)
+        return self
+
     def release(self) -> None:
         """Drop the layers' device copies now (a later GPU run uploads them again)."""
         for k in self.kernels:

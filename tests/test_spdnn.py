@@ -138,7 +138,23 @@ def test_official_network_emulated(data_dir):
     assert np.all(r.features == 32.0)  # from layer 20 on every survivor is saturated
 
 
+def test_prepare_on_the_emulator_changes_nothing():
+    net = sparsegen.SparseDNN([random_csr(16, 16, 0.5, seed=1)], bias=-0.1, backend="emulate", progress=False)
+    assert net.prepare() is net and all(k._device_arrays is None for k in net.kernels)
+
+
 # ---- GPU tier --------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_gpu_prepare_puts_every_layer_on_the_device_before_a_run():
+    layers = [random_csr(64, 64, 0.3, seed=s) for s in range(3)]
+    net = sparsegen.SparseDNN(layers, bias=-0.1, backend="gpu", progress=False)
+    assert all(k._device_arrays is None for k in net.kernels)
+    assert net.prepare() is net and all(k._device_arrays is not None for k in net.kernels)
+    emu = sparsegen.SparseDNN(layers, bias=-0.1, backend="emulate", progress=False)
+    x = random_inputs(20, 64, 0.3, 7)
+    assert np.array_equal(net.run(x).features, emu.run(x).features)
+
 
 @pytest.mark.gpu
 def test_gpu_official_network_gives_the_official_categories(data_dir):
