@@ -37,7 +37,13 @@ def unstorable(values, dtype: str) -> np.ndarray:
 
 def first_unstorable(values, dtype: str) -> tuple[int, int] | None:
     """(flat index of the first value `dtype` cannot hold, how many there are), or None."""
-    bad = unstorable(values, dtype).ravel()
+    v = np.asarray(values)
+    if dtype in _HALF_INF_FROM and v.dtype in (np.float32, np.float16) and v.size:
+        # no rounding to float32 in between: the extremes decide (NaN fails both comparisons)
+        limit = _HALF_INF_FROM[dtype]
+        if v.max() < limit and v.min() > -limit:
+            return None
+    bad = unstorable(v, dtype).ravel()
     if not bad.any():
         return None
     return int(np.argmax(bad)), int(np.count_nonzero(bad))

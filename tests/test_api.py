@@ -336,3 +336,21 @@ def test_the_plan_fingerprint_covers_what_shapes_a_plan_and_nothing_else(tmp_pat
     assert generator_fingerprint(package, templates) == base
     (templates / "csr_rowsplit.cu.j2").write_text((templates / "csr_rowsplit.cu.j2").read_text() + "\n")
     assert generator_fingerprint(package, templates) != base
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_the_extremes_of_float32_and_float16_values_decide_storability(dtype):
+    """A float32 or float16 array is judged by its largest and smallest values; each side of the
+    float16 limit, either sign, and NaN (which compares false both ways) are told apart."""
+    from sparsegen.values import first_unstorable
+
+    below = np.nextafter(np.float32(65520.0), np.float32(0))  # rounds to 65504, the largest half
+    fine = np.array([1.0, -65504.0, 65504.0], dtype)
+    assert first_unstorable(fine, "float16") is None
+    if dtype == np.float32:
+        assert first_unstorable(np.array([below, -below], np.float32), "float16") is None
+        assert first_unstorable(np.array([0.5, 65520.0, 1.0], np.float32), "float16") == (1, 1)
+        assert first_unstorable(np.array([-65520.0, 0.5], np.float32), "float16") == (0, 1)
+        assert first_unstorable(np.array([3.4e38], np.float32), "bfloat16") == (0, 1)
+    assert first_unstorable(np.array([1.0, np.nan], dtype), "float16") == (1, 1)
+    assert first_unstorable(np.array([1.0, -np.inf, np.inf], dtype), "float16") == (1, 2)

@@ -42,8 +42,9 @@ class Arrays:
             self.fail(name, "present", "none")
         return a
 
-    def index_array(self, name, ndim=1) -> np.ndarray:
-        """An integer array of `ndim` dimensions, as int64 (uint64 values past int64 are refused)."""
+    def index_array(self, name, ndim=1, widen=True) -> np.ndarray:
+        """An integer array of `ndim` dimensions, as int64 (uint64 values past int64 are refused);
+        `widen=False` keeps a signed array's own width (checks read it in place, without a copy)."""
         a = self.get(name)
         if a.dtype.kind not in "iu":
             self.fail(name, "an integer array", f"dtype {a.dtype}")
@@ -51,6 +52,8 @@ class Arrays:
             self.fail(name, f"a {ndim}-D array", f"shape {a.shape}")
         if a.dtype.kind == "u" and a.dtype.itemsize == 8 and a.size and int(a.max()) > INT64_MAX:
             self.fail(name, f"integers <= {INT64_MAX}", f"{int(a.max())}")
+        if not widen and a.dtype.kind == "i":
+            return a
         return a.astype(np.int64, copy=False)
 
     def values(self, name, ndim=1) -> np.ndarray:
@@ -74,7 +77,7 @@ class Arrays:
 
     def bounds(self, name, a, size: int, axis: str):
         """Every entry of a lies in 0..size-1."""
-        if a.size == 0:
+        if a.size == 0 or (a.min() >= 0 and a.max() < size):  # two passes, no temporaries
             return
         bad = (a < 0) | (a >= size)
         if bad.any():
@@ -103,12 +106,13 @@ def triplets(fmt: str, a: Arrays, shape):
     return _BUILD[fmt](a, *shape)
 
 
-def checked_compressed(a: Arrays, m, n, transpose: bool = False):
-    """(indptr, indices, data) of CSR (CSC when transpose) arrays that agree with each other and the shape."""
+def checked_compressed(a: Arrays, m, n, transpose: bool = False, widen: bool = True):
+    """(indptr, indices, data) of CSR (CSC when transpose) arrays that agree with each other and the
+    shape; the index arrays as int64, or (`widen=False`) in their own signed width."""
     major, minor = (n, m) if transpose else (m, n)
     data = a.values("data")
-    indices = a.index_array("indices")
-    indptr = a.index_array("indptr")
+    indices = a.index_array("indices", widen=widen)
+    indptr = a.index_array("indptr", widen=widen)
     a.length("indices", indices, len(data), "one per stored value in data")
     a.pointers("indptr", indptr, major, len(data), "columns" if transpose else "rows")
     a.bounds("indices", indices, minor, "row" if transpose else "column")
@@ -260,7 +264,7 @@ def _canonical_float_csr(matrix, dtype, a: Arrays, shape) -> bool:
             and (dtype is None or value_dtype(dtype) == matrix.dtype)
             and matrix.indices.dtype == matrix.indptr.dtype and matrix.indices.dtype in (np.int32, np.int64)):
         return False
-    indptr, indices, data = checked_compressed(a, *shape)
+    indptr, indices, data = checked_compressed(a, *shape, widen=False)  # int32 or int64, read in place
     check_finite(data, a.path, lambda i: (int(np.searchsorted(indptr, i, side="right")) - 1, int(indices[i])))
     nnz = len(indices)
     rising = indices[1:] > indices[:-1]
