@@ -311,10 +311,89 @@ def test_selection_takes_it_only_when_asked(density, n):
     unforced = select_tiled(stats, n=n)
     assert unforced.spec.family != "tiled_lanes_spmm"
     decision = rule_decision(stats, Request("spmm", n=n, dtype="float16", arch="sm_90"), "tiled_lanes_spmm")
-    assert not decision.accepted and "not yet calibrated" in decision.reason
+    assert not decision.accepted and "not calibrated (no rates for it in" in decision.reason
     forced = select_tiled(stats, n=n, family="tiled_lanes_spmm")
     assert forced.spec.family == "tiled_lanes_spmm" and "tiled lanes as asked" in forced.reason
     assert forced.spec.split_k >= 1 and forced.spec.tile_k == (128 if n <= 16 else 64)
+
+
+def lanes_device(scale: float):
+    """The default device whose rates file also holds tiled lanes' rates: bitmap register pairs'
+    cycles times `scale`."""
+    import dataclasses
+
+    from sparsegen.select.device import default
+
+    from .helpers import synthetic_device
+
+    g2 = default().rates.tiles.tiled_bitmap_spmm_g2
+    lanes = dataclasses.replace(g2, base=g2.base * scale, per_column=g2.per_column * scale,
+                                per_nonzero=g2.per_nonzero * scale)
+    return synthetic_device(f"lanes x{scale}", tiles={"tiled_lanes_spmm": lanes})
+
+
+def select_on(device, stats, n, **options):
+    from sparsegen.select import select_request
+
+    from .tiled_helpers import pinned_library
+
+    with pinned_library(None):
+        return select_request(stats, Request("spmm", n=n, dtype="float16", arch="sm_90", device=device,
+                                             options=tuple(sorted(options.items()))))
+
+
+def test_a_rates_file_with_its_rates_lets_the_cost_model_weigh_it():
+    """Rates that make its main loop half bitmap register pairs' cost: the model predicts it and
+    picks it at 90 %, N = 8; at four times their cost it is predicted, and left."""
+    from sparsegen.select import skinny_cost
+
+    stats = uniform_stats(7168, 7168, 0.1)
+    cheap = select_on(lanes_device(0.5), stats, 8)
+    assert cheap.spec.family == "tiled_lanes_spmm" and cheap.reason.startswith("tiled lanes predicted fastest")
+    assert cheap.spec.tile_k == 128 and "; rates h100-80gb-hbm3.json (lanes x0.5);" in cheap.reason
+    # predicted within the others' errors: the GPU times them all (forced options of each)
+    assert (("family", "tiled_lanes_spmm"),) in cheap.contenders and (("family", "tiled_csl_spmm"),) in cheap.contenders
+    dear_device = lanes_device(4.0)
+    dear = select_on(dear_device, stats, 8)
+    assert dear.spec.family != "tiled_lanes_spmm"
+    compared = skinny_cost.compare(stats, Request("spmm", n=8, dtype="float16", arch="sm_90", device=dear_device))
+    assert compared.get("tiled_lanes_spmm") is not None and compared.predictions[0].family != "tiled_lanes_spmm"
+    # without its rates it is not a candidate at all
+    plain = skinny_cost.compare(stats, Request("spmm", n=8, dtype="float16", arch="sm_90"))
+    assert plain.get("tiled_lanes_spmm") is None
+
+
+def test_its_error_stands_in_as_the_largest_tile_error_until_measured():
+    from sparsegen.select.device import default
+
+    errors = default().rates.errors
+    assert errors.tiled_lanes_spmm is None
+    assert errors.of("tiled_lanes_spmm") == max(errors.tiled_csl_spmm, errors.tiled_bitmap_spmm,
+                                                errors.tiled_bitmap_spmm_g2)
+    import dataclasses
+
+    assert dataclasses.replace(errors, tiled_lanes_spmm=0.03).of("tiled_lanes_spmm") == 0.03
+
+
+def test_a_rates_file_reads_and_writes_its_rates_only_when_it_has_them(tmp_path):
+    import json
+
+    from sparsegen.select import ratesfile
+
+    doc = json.loads(ratesfile.DEFAULT_FILE.read_text())
+    assert "tiled_lanes_spmm" not in doc["rates"]["tiles"]
+    without = ratesfile.from_dict(doc)
+    assert without.tiles.tiled_lanes_spmm is None and "tiled_lanes_spmm" not in without.to_dict()["rates"]["tiles"]
+    doc["rates"]["tiles"]["tiled_lanes_spmm"] = None
+    assert ratesfile.from_dict(doc) == without  # null reads as absent
+    doc["rates"]["tiles"]["tiled_lanes_spmm"] = dict(doc["rates"]["tiles"]["tiled_bitmap_spmm_g2"], base=1.0)
+    doc["rates"]["errors"]["tiled_lanes_spmm"] = 0.04
+    with_it = ratesfile.from_dict(doc)
+    assert with_it.tiles.tiled_lanes_spmm.base == 1.0 and with_it.errors.of("tiled_lanes_spmm") == 0.04
+    assert with_it != without and with_it.to_dict()["rates"]["tiles"]["tiled_lanes_spmm"]["base"] == 1.0
+    del doc["rates"]["tiles"]["tiled_lanes_spmm"]["base"]
+    with pytest.raises(sparsegen.FormatError, match="missing key tiles.tiled_lanes_spmm.base"):
+        ratesfile.from_dict(doc)
 
 
 # ---- the generated source -------------------------------------------------------------------------

@@ -119,19 +119,21 @@ def tiled_bitmap_rule(costs: Costs) -> Decision:
 
 
 def tiled_lanes_rule(costs: Costs) -> Decision:
-    """tiled lanes only when asked for by options family=: no rates file holds its rates yet, so the
-    cost model cannot weigh it against the others. Its split-K is weighed with the bitmap register
-    pairs' main-loop time, the encoding whose bytes per register it shares."""
+    """tiled lanes where the skinny model predicts it fastest, when the rates file holds its rates;
+    under an older file only when asked for by options family= (its split-K then weighed with bitmap
+    register pairs' main-loop time, the encoding whose bytes per register it shares)."""
     stats, request = costs.stats, costs.request
+    describe = lambda spec, why: lanes.describe(stats, request, spec, why)  # noqa: E731
+    if skinny_cost.calibrated(lanes.FAMILY, request.device.rates):
+        return tile_rule(costs, lanes, "tiled lanes", describe)
     declined = lanes.gate(stats, request)
     if declined is not None:
         return declined
     if request.option("family") != lanes.FAMILY:
-        return decline(f"not yet calibrated (no rates for it in {request.device.rates.label}): taken only when "
+        return decline(f"not calibrated (no rates for it in {request.device.rates.label}): taken only when "
                        f"asked for, options family={lanes.FAMILY!r}")
-    stand_in = skinny_cost.kernel_seconds(stats, request, bitmap.FAMILY, granule=2)
-    spec, why = lanes.choose(stats, request, stand_in)
-    return accept(spec, f"tiled lanes as asked; {lanes.describe(stats, request, spec, why)}")
+    spec, why = skinny_cost.build(stats, request, lanes.FAMILY)
+    return accept(spec, f"tiled lanes as asked; {describe(spec, why)}")
 
 
 # ---- dense ------------------------------------------------------------------------------------

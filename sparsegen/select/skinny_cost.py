@@ -30,14 +30,29 @@ from ..families import _tiled as T
 from ..families import dense_gemm
 from ..families import tiled_bitmap_spmm as bitmap
 from ..families import tiled_csl_spmm as csl
+from ..families import tiled_lanes_spmm as lanes
 from ..families.base import Request, spmm_gate
 from .ratesfile import Errors, TileRates
 
-TILE_FAMILIES = (csl.FAMILY, bitmap.FAMILY)
-TILE_MODULES = {csl.FAMILY: csl, bitmap.FAMILY: bitmap}
+TILE_FAMILIES = (csl.FAMILY, bitmap.FAMILY, lanes.FAMILY)
+TILE_MODULES = {csl.FAMILY: csl, bitmap.FAMILY: bitmap, lanes.FAMILY: lanes}
 DENSE = dense_gemm.FAMILY
 CSR = "csr"  # the CSR kernels together: the rules after the skinny ones choose among them
-LABELS = {csl.FAMILY: "Tiled-CSL", bitmap.FAMILY: "bitmap", CSR: "CSR kernels"}
+LABELS = {csl.FAMILY: "Tiled-CSL", bitmap.FAMILY: "bitmap", lanes.FAMILY: "tiled lanes", CSR: "CSR kernels"}
+
+
+def calibrated(family: str, rates) -> bool:
+    """Whether the rates file holds `family`'s tile rates: a tile family the cost model can weigh
+    (a family newer than the file is taken only when asked for)."""
+    return rates.tiles.of(family) is not None
+
+
+def main_loop_key(family: str, granule: int, rates) -> str:
+    """The tile rates a family's main loop is predicted with: its own, or, for tiled lanes under a
+    rates file without them, bitmap register pairs' (the encoding whose bytes per register it shares)."""
+    if family == lanes.FAMILY and not calibrated(family, rates):
+        return bitmap.FAMILY + ".g2"
+    return family + (".g2" if family == bitmap.FAMILY and granule == 2 else "")
 CSR_INDEX16_MAX_COLS = 32767  # sputnik_spmm's 16-bit column indices in fp16
 
 
@@ -85,7 +100,7 @@ def spec_seconds(stats, request: Request, spec, tile_rates: TileRates | None = N
         waves = T.wave_factor(grid, sms, spec.min_blocks, h) * (rates.tiles.tall_64_wide if spec.tile_m == 64 else 1.0)
     else:  # narrow blocks: as fitted, except a grid short of one wave (T.partial_wave_factor)
         waves = T.partial_wave_factor(grid, sms, spec.min_blocks, h)
-    tile_rates = tile_rates or rates.tiles.of(rates_key(spec))
+    tile_rates = tile_rates or rates.tiles.of(main_loop_key(spec.family, spec.granule, rates))
     return max(rates.launch.tiled_floor_s, rates.launch.launch_s + tile_rates.fixed_s
                + cycles / (sms * rates.tiles.clock_hz) * waves + T.spec_reduction_seconds(spec, rates))
 
@@ -95,8 +110,9 @@ def kernel_cycles(stats, family: str, granule: int, bn: int, n_tiles: int, devic
     """Per-SM cycles of a tile family's main loop over all of W's tiles (the larger of bytes and
     issue per tile, summed over the tile-density histogram), every SM of `device` busy."""
     rates, tiles = device.rates, stats.tiles
-    tile_rates = tile_rates or rates.tiles.of(family + (".g2" if granule == 2 else ""))
-    bytes_fn = csl.csl_bytes if family == csl.FAMILY else bitmap.bitmap_bytes(tiles.tile_rows, granule)
+    tile_rates = tile_rates or rates.tiles.of(main_loop_key(family, granule, rates))
+    bytes_fn = {csl.FAMILY: lambda: csl.csl_bytes, bitmap.FAMILY: lambda: bitmap.bitmap_bytes(tiles.tile_rows, granule),
+                lanes.FAMILY: lambda: lanes.lanes_bytes(tiles.tile_rows, tiles.tile_cols)}[family]()
     dens, counts, empty = T.tile_densities(stats)
     nnz = dens * (tiles.tile_rows * tiles.tile_cols)
     bytes_per_cycle = rates.memory.achieved_bytes_per_s / (device.sm_count * rates.tiles.clock_hz)
@@ -237,7 +253,7 @@ def compare(stats, request: Request) -> Comparison:
     request = _unforced(request)
     rates = request.device.rates
     predictions = []
-    for family in TILE_FAMILIES:
+    for family in (f for f in TILE_FAMILIES if calibrated(f, rates)):
         if TILE_MODULES[family].gate(stats, request) is None:
             spec, why = build(stats, request, family)
             predictions.append(Prediction(family, LABELS[family], spec_seconds(stats, request, spec),
