@@ -37,8 +37,8 @@ from .select import device as device_model
 from .select import fit, ratesfile, skinny_cost
 from .select.ratesfile import CsrFp16, CublasFp16, Line, Memory, Rates
 
-BITMAP, CSL, DENSE = "tiled_bitmap_spmm", "tiled_csl_spmm", "dense_gemm"
-TILE_KEYS = (CSL, BITMAP, BITMAP + ".g2")
+BITMAP, CSL, LANES, DENSE = "tiled_bitmap_spmm", "tiled_csl_spmm", "tiled_lanes_spmm", "dense_gemm"
+TILE_KEYS = (CSL, BITMAP, BITMAP + ".g2", LANES)
 MIN_PAIRS = 6  # cases with both a tile kernel and cuBLAS measured, below which a key keeps its error
 
 
@@ -110,7 +110,7 @@ def forced(family: str, **options) -> tuple:
 
 
 def tile_cases(settings: Settings) -> list:
-    variants = (forced(CSL), forced(BITMAP, granule=1), forced(BITMAP, granule=2))
+    variants = (forced(CSL), forced(BITMAP, granule=1), forced(BITMAP, granule=2), forced(LANES))
     return [Case("tiles", m, k, d, n, "float16", opts)
             for (m, k), densities, ns in settings.tiles for d in densities for n in ns for opts in variants]
 
@@ -397,7 +397,9 @@ def _fit_tiles(by, rates: Rates, props: dict, free, notes):
         if not mine:
             continue
         how = free if free == "scale" or len(mine) >= 2 * len(free) else "scale"
-        result = fit.fit_tile_rates(mine, tiles.of(key), how)
+        # a family the base rates lack starts from bitmap register pairs' (its bytes per register)
+        start = tiles.of(key) or tiles.of(BITMAP + ".g2")
+        result = fit.fit_tile_rates(mine, start, how)
         tiles = dataclasses.replace(tiles, **{key.replace(".", "_"): result.rates})
         said.append(f"{key}: {'one factor on the cycles' if how == 'scale' else 'every rate'} fitted, {result.text}")
     notes["tiles"] = "; ".join(said) or "not measured in this run"

@@ -899,14 +899,16 @@ def test_selection_quality_counts_the_floor_and_the_five_percent_band_on_both_si
         _timed("c", 16, "dense_gemm", sparsegen=1.0, tiled_csl_spmm=None, tiled_bitmap_spmm=None, cublas=0.97),
         _timed("d", 16, "dense_gemm", sparsegen=1.0, cublas=0.969),
         _timed("e", 16, "dense_gemm", sparsegen=None, cublas=1.0),  # not timed: not counted
+        _timed("f", 8, "tiled_bitmap_spmm", sparsegen=1.0, tiled_bitmap_spmm=1.0, tiled_lanes_spmm=0.9, cublas=2.0),
     ]
     n, floor, least, near, misses = llm_report.selection_quality(cases)["float16"]
-    assert (n, floor, near) == (4, 3, 3)  # d is 1.0 / 0.969 = 1.032x the fastest: inside 5 %, under 0.97x
+    assert (n, floor, near) == (5, 4, 3)  # d is 1.0 / 0.969 = 1.032x the fastest: inside 5 %, under 0.97x
     assert least == pytest.approx(0.969)
-    assert [(i, m, fam) for i, m, fam, _ in misses] == [("b", 8, "tiled_csl_spmm")]
+    assert [(i, m, fam) for i, m, fam, _ in misses] == [("b", 8, "tiled_csl_spmm"), ("f", 8, "tiled_bitmap_spmm")]
     assert misses[0][3] == pytest.approx(1 / 0.95)
     md = "\n".join(llm_report._selection_section(cases))
-    assert "selected ≥ 0.97× cuBLAS in **3 / 4** cases" in md and "in **3 / 4** (75.0%)" in md
+    assert "selected ≥ 0.97× cuBLAS in **4 / 5** cases" in md and "in **3 / 5** (60.0%)" in md
+    assert "- miss: f N=8 tiled_bitmap_spmm: 1.111× the fastest" in md  # forced tiled lanes ran faster
     assert "- miss: b N=8 tiled_csl_spmm: 1.053× the fastest" in md
 
 

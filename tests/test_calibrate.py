@@ -44,9 +44,19 @@ def off(rates, factor=1.3):
                                wide=1.0, n16=1.0)
 
 
+def known(tiles, key):
+    """A key's rates in `tiles`; for tiled lanes, which the shipped H100 file lacks, bitmap register
+    pairs' with a cheaper decode (base 0.7x, per nonzero 0.6x)."""
+    mine = tiles.of(key)
+    if mine is not None:
+        return mine
+    g2 = tiles.of(cal.BITMAP + ".g2")
+    return dataclasses.replace(g2, base=g2.base * 0.7, per_nonzero=g2.per_nonzero * 0.6)
+
+
 @pytest.mark.parametrize("key", cal.TILE_KEYS)
 def test_the_tile_fit_recovers_the_rates_that_made_its_rows(key):
-    truth = H100.rates.tiles.of(key)
+    truth = known(H100.rates.tiles, key)
     result = fit.fit_tile_rates(tile_rows(key, truth), off(truth))
     for field in fit.TILE_FIELDS:
         assert getattr(result.rates, field) == pytest.approx(getattr(truth, field), rel=1e-3), field
@@ -140,7 +150,8 @@ def h200_truth():
     """An H200 as the issue found it: cuBLAS 1.4x faster, the tile kernels a little slower per tile."""
     v = H100.rates.values
     tiles = dataclasses.replace(v.tiles, **{k.replace(".", "_"): dataclasses.replace(
-        v.tiles.of(k), base=v.tiles.of(k).base * 1.1, per_nonzero=v.tiles.of(k).per_nonzero * 0.9) for k in cal.TILE_KEYS})
+        known(v.tiles, k), base=known(v.tiles, k).base * 1.1, per_nonzero=known(v.tiles, k).per_nonzero * 0.9)
+        for k in cal.TILE_KEYS})
     fp32 = dataclasses.replace(v.fp32, sgemm=ratesfile.Line(11e-6, 50e12), tf32x3=ratesfile.Line(8e-6, 60e12),
                                f16x3=ratesfile.Line(10e-6, 75e12), csr=ratesfile.Line(7e-6, 9e12))
     cublas = ratesfile.CublasFp16(3.5e-6, 3.9e12, 480e12, 7.5e-6)
@@ -195,7 +206,7 @@ def test_quick_fits_one_factor_and_keeps_what_it_does_not_measure(tmp_path):
     probe = KnownProbe(truth)
     path = cal.calibrate(quick=True, out=tmp_path / "q.json", emit=lambda line: None, probe=probe)
     rates = ratesfile.load(path)
-    assert len(probe.ran) == len(cal.plan(cal.QUICK)) <= 17
+    assert len(probe.ran) == len(cal.plan(cal.QUICK)) <= 21
     assert "one factor on the cycles" in rates.provenance["tiles"]["error"]
     start = cal.starting_rates(probe.props)
     assert rates.fp32 == start.fp32 and rates.csr_fp16 == start.csr_fp16 and rates.errors == start.errors
@@ -208,7 +219,7 @@ def test_a_spent_budget_measures_nothing_more_and_says_so():
     lines = []
     cases = cal.plan(cal.QUICK)
     timed = cal.measure(probe, cases, probe.device, cal.QUICK, lines.append, deadline=0.0)
-    assert timed == [] and probe.ran == [] and "the last 17 of 17 cases not measured" in lines[-1]
+    assert timed == [] and probe.ran == [] and "the last 21 of 21 cases not measured" in lines[-1]
 
 
 def test_a_case_that_fails_is_reported_and_the_others_run():
@@ -221,7 +232,7 @@ def test_a_case_that_fails_is_reported_and_the_others_run():
     probe = Flaky(h200_truth())
     lines = []
     timed = cal.measure(probe, cal.plan(cal.QUICK), probe.device, cal.QUICK, lines.append)
-    assert len(timed) == 16 and any("failed (RuntimeError: no such kernel)" in line for line in lines)
+    assert len(timed) == 20 and any("failed (RuntimeError: no such kernel)" in line for line in lines)
 
 
 def test_the_plans_are_within_their_budgets_and_cover_the_fits():

@@ -48,7 +48,7 @@ from pathlib import Path
 from sparsegen.bench import prefetch
 from sparsegen.bench.executor import fraction_of
 from sparsegen.bench.llm_gpu import CUSPARSE_CAP_MS, FAMILIES, GpuExecutor
-from sparsegen.bench.llm_report import BITMAP, CHECK_ROWS, CSL, TOLERANCE, nominal
+from sparsegen.bench.llm_report import BITMAP, CHECK_ROWS, CSL, LANES, TOLERANCE, nominal
 from sparsegen.bench.llm_report import exit_status, summary_lines, write_json, write_reports  # noqa: F401  (the suite's interface)
 from sparsegen.bench.records import join_notes, matrix_info, message, ratio
 from sparsegen.bench.weights import Weight, as_dtype, model_weights, natural_key, resolve_model
@@ -286,7 +286,7 @@ def progress_line(index: int, total: int, rec: dict) -> str:
     err = rec.get("error")
     parts = [f"[{index}/{total}]", rec["id"], rec["dtype"], f"n={rec['n']}", rec.get("spec") or "-",
              f"sparsegen {ms('sparsegen')} ms", f"cublas {ms('cublas')} ms ({x(sp_.get('vs_cublas'))})",
-             f"csl {ms(CSL)} bitmap {ms(BITMAP)} ({x(sp_.get('bitmap_vs_csl'))})",
+             f"csl {ms(CSL)} bitmap {ms(BITMAP)} ({x(sp_.get('bitmap_vs_csl'))}) lanes {ms(LANES)}",
              f"cusparse {ms('cusparse')} ms",
              "bw -" if frac is None else f"bw {100 * frac:.0f}%",
              "err -" if err is None else f"err {err:.2e}", status]

@@ -11,11 +11,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsegen.bench import executor, prefetch
-from sparsegen.bench.llm_report import BITMAP, CHECK_ROWS, CSL
+from sparsegen.bench.llm_report import BITMAP, CHECK_ROWS, CSL, LANES
 from sparsegen.bench.records import relative_error, seed_for
 from sparsegen.bench.weights import as_dtype
 
-FAMILIES = (CSL, BITMAP)
+FAMILIES = (CSL, BITMAP, LANES)
 CUSPARSE_CAP_MS = 250.0  # a cuSPARSE launch slower than this is timed once, not 20 times
 
 

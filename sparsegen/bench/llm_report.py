@@ -10,7 +10,7 @@ from pathlib import Path
 from sparsegen.bench import report
 
 NAME = "llm"
-CSL, BITMAP = "tiled_csl_spmm", "tiled_bitmap_spmm"  # the two tensor-core families every case forces
+CSL, BITMAP, LANES = "tiled_csl_spmm", "tiled_bitmap_spmm", "tiled_lanes_spmm"  # the tile families every case forces
 TOLERANCE = 1e-2  # relative Frobenius error of every sparsegen kernel's sampled rows
 CHECK_ROWS = 256  # output rows sampled per case
 
@@ -78,7 +78,7 @@ FASTEST_SLACK = 0.05  # the selected kernel within this of the fastest timed
 
 def selection_quality(cases, source="opt") -> dict:
     """{dtype: (cases, at or past SELECTION_FLOOR x cuBLAS, the least ratio, within FASTEST_SLACK of
-    the fastest of {selected, forced Tiled-CSL, forced bitmap, cuBLAS}, [misses])} over passing cases
+    the fastest of {selected, forced Tiled-CSL, forced bitmap, forced tiled lanes, cuBLAS}, [misses])} over passing cases
     with the selected kernel and cuBLAS timed; a miss is (id, n, family, selected / fastest)."""
     out = {}
     for c in _ok(cases, source):
@@ -86,7 +86,7 @@ def selection_quality(cases, source="opt") -> dict:
         mine, dense = ms.get("sparsegen"), ms.get("cublas")
         if not mine or not dense:
             continue
-        fastest = min(v for v in (mine, ms.get(CSL), ms.get(BITMAP), dense) if v)
+        fastest = min(v for v in (mine, ms.get(CSL), ms.get(BITMAP), ms.get(LANES), dense) if v)
         n, floor, least, near, misses = out.get(c["dtype"], (0, 0, None, 0, []))
         ratio = dense / mine
         near_now = mine <= fastest * (1 + FASTEST_SLACK)
@@ -102,7 +102,7 @@ def _selection_section(cases) -> list[str]:
     for dtype, (n, floor, least, near, misses) in selection_quality(cases).items():
         out += [f"{dtype}: selected ≥ {SELECTION_FLOOR:g}× cuBLAS in **{floor} / {n}** cases (least "
                 f"{report._x(least)}); within {FASTEST_SLACK:.0%} of the fastest of {{selected, Tiled-CSL, bitmap, "
-                f"cuBLAS}} in **{near} / {n}** ({near / n:.1%}).", ""]
+                f"tiled lanes, cuBLAS}} in **{near} / {n}** ({near / n:.1%}).", ""]
         out += [f"- miss: {i} N={m} {fam}: {r:.3f}× the fastest" for i, m, fam, r in misses]
         out += [""] if misses else []
     return out or ["(no passing case with the selected kernel and cuBLAS timed)", ""]
@@ -110,7 +110,7 @@ def _selection_section(cases) -> list[str]:
 
 def bandwidth_table(cases, source="opt") -> list[tuple]:
     """Rows (dtype, sparsity, {name: (median, max) fraction}) over passing cases with N <= 64."""
-    names = ("sparsegen", CSL, BITMAP, "cublas", "cusparse")
+    names = ("sparsegen", CSL, BITMAP, LANES, "cublas", "cusparse")
     rows = []
     ok = [c for c in _ok(cases, source) if c["n"] in CRITERION_N]
     for dtype in sorted({c["dtype"] for c in ok}, key=lambda d: report.DTYPE_ORDER.get(d, 9)):
@@ -174,7 +174,7 @@ def markdown(doc: dict, *, png_name=None, png_note=None) -> str:
         L += ["(no passing case with both families timed)", ""]
     L += ["## Fraction of the device copy bandwidth (N ≤ 64; median / max over cases)", ""]
     rows = bandwidth_table(cases)
-    names = ("sparsegen", CSL, BITMAP, "cublas", "cusparse")
+    names = ("sparsegen", CSL, BITMAP, LANES, "cublas", "cusparse")
     L += ["| dtype | sparsity | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for dtype, s, cell in rows:
         L.append(f"| {dtype} | {s:g} | " + " | ".join(
@@ -233,7 +233,7 @@ def _grid(dtype, t, target) -> list[str]:
 
 
 def _case_table(cases) -> list[str]:
-    head = ["id", "dtype", "N", "nnz", "spec", "sparsegen ms", "csl ms", "bitmap ms", "cuBLAS ms",
+    head = ["id", "dtype", "N", "nnz", "spec", "sparsegen ms", "csl ms", "bitmap ms", "lanes ms", "cuBLAS ms",
             "cuSPARSE ms", "vs cuBLAS", "bitmap÷csl", "bw sparsegen", "bw cuBLAS", "error", "pass", "note"]
     L = ["## Per-case results", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in cases:
@@ -243,7 +243,7 @@ def _case_table(cases) -> list[str]:
         cells = [c["id"], c["dtype"], c.get("n"), c.get("nnz") if c.get("nnz") is not None else "–",
                  f"`{c['spec']}`" if c.get("spec") else "–",
                  report._f(ms.get("sparsegen")), report._f(ms.get(CSL)), report._f(ms.get(BITMAP)),
-                 report._f(ms.get("cublas")), report._f(ms.get("cusparse")),
+                 report._f(ms.get(LANES)), report._f(ms.get("cublas")), report._f(ms.get("cusparse")),
                  report._x(sp_.get("vs_cublas")), report._x(sp_.get("bitmap_vs_csl")),
                  _pct(fr.get("sparsegen")), _pct(fr.get("cublas")),
                  report._f(c.get("error"), "{:.2e}"), verdict_, (c.get("note") or "")[:120]]
