@@ -192,13 +192,22 @@ def _number_by_first_row(labels: np.ndarray) -> np.ndarray:
 def pattern_order(csr) -> np.ndarray:
     """Rows sorted by first column, last column, length: equal rows side by side, and rows that
     start and end together near each other (empty rows last)."""
-    indptr = np.asarray(csr.indptr, dtype=np.int64)
+    return pattern_order_of(csr.indptr, csr.indices, csr.shape[1])
+
+
+def pattern_order_of(indptr, indices, n: int) -> np.ndarray:
+    """`pattern_order` of a CSR pattern whose rows need not be sorted: each row's first and last
+    column are its smallest and largest."""
+    indptr = np.asarray(indptr, dtype=np.int64)
     lengths = np.diff(indptr)
     has = lengths > 0
     nnz = int(indptr[-1])
-    n = csr.shape[1]
-    first = np.where(has, csr.indices[np.minimum(indptr[:-1], max(nnz - 1, 0))] if nnz else 0, n)
-    last = np.where(has, csr.indices[np.maximum(indptr[1:] - 1, 0)] if nnz else 0, n)
+    if nnz == 0:
+        return np.lexsort((lengths, np.full(lengths.size, n), np.full(lengths.size, n)))
+    starts = indptr[:-1][has]  # the nonempty rows' segments tile indices[:nnz] end to end
+    cols = np.asarray(indices[:nnz])
+    first, last = np.full(lengths.size, n, np.int64), np.full(lengths.size, n, np.int64)
+    first[has], last[has] = np.minimum.reduceat(cols, starts), np.maximum.reduceat(cols, starts)
     return np.lexsort((lengths, last, first))
 
 

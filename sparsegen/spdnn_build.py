@@ -175,6 +175,10 @@ def next_order(indptr, indices, shape, previous, graph_tile: int | None = None) 
         inverse = np.empty_like(previous)
         inverse[previous] = np.arange(previous.size, dtype=previous.dtype)
         indices = inverse[indices]
+    if graph_tile is None:  # the pattern order reads each row's smallest and largest column: no sort
+        from .graph import pattern_order_of
+
+        return pattern_order_of(indptr, indices, shape[1])
     a = sp.csr_matrix((np.ones(indices.size, np.float32), indices, indptr), shape=shape)
     a.has_sorted_indices = previous is None
     a.sort_indices()

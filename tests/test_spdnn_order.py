@@ -88,3 +88,24 @@ def test_relabeled_layers_never_touch_more_inputs_than_the_pattern_order_alone()
     theirs = [spdnn.tile_footprint(a, 1024) for a in by_pattern]
     assert all(x <= y for x, y in zip(mine, theirs)), (mine, theirs)
     assert sum(mine) < 0.9 * sum(theirs), (mine, theirs)
+
+
+def test_the_relabeling_chain_orders_unsorted_renamed_rows_as_the_sorted_matrix_would():
+    """next_order reads each row's smallest and largest renamed column without sorting the rows:
+    the same order as row_order of the layer with its columns renamed and sorted."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    from sparsegen.spdnn import row_order
+    from sparsegen.spdnn_build import next_order
+
+    rng = np.random.default_rng(3)
+    a = sp.random(300, 200, density=0.05, format="csr", random_state=4)
+    a.data[:] = 1.0
+    a.sort_indices()
+    a = sp.vstack([a, sp.csr_matrix((5, 200))]).tocsr()  # empty rows last
+    previous = rng.permutation(200)
+    renamed = a[:, previous].tocsr()
+    renamed.sort_indices()
+    assert np.array_equal(next_order(a.indptr, a.indices, a.shape, previous), row_order(renamed))
+    assert np.array_equal(next_order(a.indptr, a.indices, a.shape, None), row_order(a))
