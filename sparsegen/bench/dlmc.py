@@ -26,13 +26,15 @@ from __future__ import annotations
 import csv
 import math
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 
-from sparsegen.bench.dlmc_gpu import REFERENCE_LIMIT, TOLERANCE, GpuExecutor
+from sparsegen.bench import prefetch
+from sparsegen.bench.dlmc_gpu import REFERENCE_LIMIT, TOLERANCE, GpuExecutor, as_stored
 from sparsegen.bench.dlmc_report import fastest_family
 from sparsegen.bench.dlmc_report import exit_status, summary_lines, write_json, write_reports  # noqa: F401  (the suite's interface)
 from sparsegen.bench.records import join_notes, matrix_info, message, ratio, seed_for
@@ -113,6 +115,16 @@ class Case:
     @property
     def width(self) -> int:
         return self.n if self.op == "spmm" else self.k
+
+    @property
+    def key(self) -> tuple:
+        return case_key(self)
+
+    @property
+    def request(self) -> dict:
+        """The compile request of the case (what `dlmc_gpu` asks sparsegen.compile for)."""
+        width = {"n": self.n} if self.op == "spmm" else {"k": self.k}
+        return {"op": self.op, "dtype": self.dtype, **width}
 
 
 def random_square(m: int, sparsity: float, seed: int, *, chunk_elems: int = 1 << 22) -> sp.csr_matrix:
@@ -248,6 +260,53 @@ def plan(cfg) -> list[tuple[MatrixSource, list[Case]]]:
     return [(m, cases_for(m, ops, dtypes, ns, ks, families)) for m in dl + rnd]
 
 
+# --------------------------------------------------------------------------- compiling ahead
+
+def precompile(job: prefetch.Job) -> dict:
+    """Worker side: load the matrix (seeded: the same values) and compile each case's kernels
+    (`prefetch.compile_ahead`: the selection, its contenders, the forced families) into
+    job.cache_dir. Returns {case key: {"seconds", "errors", "specs"}}; loading is charged to the
+    first case."""
+    results, stored = {}, {}
+    with prefetch.cache_dir(job.cache_dir):
+        t0 = time.perf_counter()
+        A = job.cases[0].matrix.load()
+        for case in job.cases:
+            if case.dtype not in stored:
+                stored[case.dtype] = as_stored(A, case.dtype)
+            results[case.key] = prefetch.compile_ahead(stored[case.dtype], case.request, case.families, job)
+            results[case.key]["seconds"] = round(time.perf_counter() - t0, 2)
+            t0 = time.perf_counter()
+    return results
+
+
+def case_dir(root, case: Case) -> Path:
+    """The cache folder of a case's matrix (all its cases share it, hence its analysis and encodings)."""
+    return Path(root) / f"{zlib.crc32(case.id.encode()):08x}"
+
+
+def _nnz(matrix) -> float:
+    return matrix.nnz if matrix.nnz is not None else matrix.rows * matrix.cols * (1.0 - matrix.sparsity)
+
+
+def job_memory(case: Case) -> float:
+    """Peak host bytes of one matrix's job: its CSR, a dtype-rounded copy, analysis and encodings."""
+    return 60.0 * _nnz(case.matrix) + 5e8
+
+
+def job_disk(case: Case) -> float:
+    """Cache bytes one matrix's job leaves: an encoding per family (<= ~12 B per nonzero) and cubins."""
+    return 12.0 * _nnz(case.matrix) * max(1, len(case.families)) + 5e7
+
+
+class Prefetcher(prefetch.Prefetcher):
+    """Compiles the coming matrices ahead: one job per matrix, every case of it."""
+    folder_of = staticmethod(case_dir)
+    memory_of = staticmethod(job_memory)
+    disk_of = staticmethod(job_disk)
+    default_job = staticmethod(precompile)
+
+
 # --------------------------------------------------------------------------- results
 
 def speedups(ms: dict) -> dict:
@@ -319,13 +378,15 @@ def case_key(c) -> tuple:
 
 
 def run(cfg, *, env: dict, executor=None, emit=print, checkpoint=None, clock=time.monotonic,
-        previous: dict | None = None) -> dict:
+        previous: dict | None = None, prefetch_factory=None, scratch=None) -> dict:
     """Run the suite; returns the JSON document (also passed to `checkpoint` after each matrix).
 
     `executor` measures one case (default: `GpuExecutor`, which needs torch with CUDA);
     `emit` receives one progress line per case. `previous`: a document of an earlier run of the
     same plan (--resume): its cases are kept and only the missing ones run, so a suite longer
-    than one sitting can be finished in several (`--max-minutes M --resume`).
+    than one sitting can be finished in several (`--max-minutes M --resume`). The coming matrices'
+    kernels compile in `cfg.workers` processes while the GPU measures (`Prefetcher`; none with 0 or
+    a given executor); `prefetch_factory(cases, root, arch)` makes another (tests).
     """
     work = plan(cfg)
     total = sum(len(c) for _, c in work)
@@ -364,6 +425,21 @@ def run(cfg, *, env: dict, executor=None, emit=print, checkpoint=None, clock=tim
     elif previous:
         doc["baselines"] = previous.get("baselines", {})
     index = len(done)
+    root = Path(scratch) if scratch is not None else prefetch.scratch_root(NAME)
+    pending = [c for _, cs in work for c in cs if case_key(c) not in done]
+    workers = getattr(cfg, "workers", None)
+    workers = prefetch.default_workers() if workers is None else workers
+    doc["settings"]["workers"] = workers if own or prefetch_factory else 0
+    pf = None
+
+    def compile_ahead():
+        if prefetch_factory is not None:
+            return prefetch_factory(pending, root, getattr(executor, "arch", None))
+        if own and workers > 0 and pending:
+            prefetch.clear_stale(root, [case_dir(root, c) for c in pending])
+            return Prefetcher(pending, root, getattr(executor, "arch", None), workers,
+                              device=getattr(executor, "device_model", None))
+        return None
 
     def stop_now():
         return deadline is not None and clock() >= deadline
@@ -392,6 +468,8 @@ def run(cfg, *, env: dict, executor=None, emit=print, checkpoint=None, clock=tim
             if executor is None:  # made on first use: a finished --resume touches no GPU
                 executor = GpuExecutor()
                 doc["baselines"] = getattr(executor, "baselines", {})
+            if pf is None:
+                pf = compile_ahead()
             ctx = executor.matrix(A)
             try:
                 for case in mcases:
@@ -399,12 +477,20 @@ def run(cfg, *, env: dict, executor=None, emit=print, checkpoint=None, clock=tim
                         break
                     index += 1
                     rec = base_record(case, info)
+                    folder = case_dir(root, case) if pf is not None else None
                     try:
-                        rec.update(ctx.run(case))
+                        ahead = pf.take(case) if pf is not None else None
+                        if ahead is not None:
+                            rec["prefetch_s"] = ahead.get("seconds")
+                        with prefetch.cache_dir(folder):
+                            rec.update(ctx.run(case))
                     except Exception as exc:
                         rec["status"] = "failed"
                         rec["_final_status"] = True
                         rec["note"] = join_notes(rec.get("note"), message(exc))
+                    finally:
+                        if pf is not None:
+                            pf.release(case)
                     finalize(rec)
                     cases.append(rec)
                     emit(progress_line(index, total, rec))
@@ -424,6 +510,9 @@ def run(cfg, *, env: dict, executor=None, emit=print, checkpoint=None, clock=tim
     except KeyboardInterrupt:
         doc["interrupted"] = True
     finally:
+        if pf is not None:
+            pf.close()
+            doc["prefetch"] = pf.summary()
         if own and executor is not None:
             executor.close()
     _settle(doc, order, total, clock() - start)

@@ -45,6 +45,14 @@ class GpuExecutor(executor.GpuExecutor):
         return _GpuMatrix(self, A)
 
 
+def as_stored(A: sp.csr_matrix, dtype: str) -> sp.csr_matrix:
+    """A with its values as `dtype` holds them (float32 storage): what every sparsegen kernel of the
+    case is compiled for, here and in the compile-ahead workers alike."""
+    stored = A.copy()
+    stored.data = A.data.astype(_NP_DTYPES[dtype]).astype(np.float32)
+    return stored
+
+
 class _GpuMatrix:
     """The GPU copies of one matrix (per dtype, made on first use) and its cases."""
 
@@ -62,8 +70,7 @@ class _GpuMatrix:
         torch = self.ex.torch
         dev = self.ex.device
         A = self.A
-        Ad = A.copy()
-        Ad.data = A.data.astype(_NP_DTYPES[dtype]).astype(np.float32)  # values as the dtype holds them
+        Ad = as_stored(A, dtype)
         crow = torch.from_numpy(A.indptr.astype(np.int32)).to(dev)
         col = torch.from_numpy(A.indices.astype(np.int32)).to(dev)
         vals = torch.from_numpy(A.data.astype(_NP_DTYPES[dtype])).to(dev)

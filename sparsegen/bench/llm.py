@@ -322,31 +322,9 @@ def precompile(job: prefetch.Job) -> dict:
 
 
 def compile_case(A, case: Case, job: prefetch.Job) -> dict:
-    """The default selection, the contenders the GPU will time for it (`selection.contenders`), and
-    each forced family not selected, with backend "emulate" and the GPU's arch: {"errors", "specs"}
-    by name ("sparsegen", a family, or a contender's options)."""
-    import sparsegen
-
-    out = {"errors": {}, "specs": {}}
-
-    def one(name, options):
-        try:
-            k = sparsegen.compile(A, op="spmm", n=case.n, dtype=case.dtype, arch=job.arch,
-                                  backend="emulate", options=options, device=job.device)
-            if job.cubin:
-                k.cubin  # noqa: B018 - compiles and caches it
-            out["specs"][name] = k.spec.name
-            return k
-        except Exception as exc:  # the measuring process meets it again and records it
-            out["errors"][name] = message(exc)
-            return None
-
-    selected = one("sparsegen", None)
-    for contender in selected.selection.contenders if selected is not None else ():
-        one(",".join(f"{k}={v}" for k, v in contender), dict(contender))
-    for fam in compile_requests(selected.spec.family if selected is not None else None):
-        one(fam, {"family": fam})
-    return out
+    """The default selection, the contenders the GPU will time for it and each forced family
+    (`prefetch.compile_ahead`): {"errors", "specs"} by name."""
+    return prefetch.compile_ahead(A, {"op": "spmm", "n": case.n, "dtype": case.dtype}, FAMILIES, job)
 
 
 def job_memory(case: Case) -> float:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sparsegen.bench.records import message
 
-__all__ = ["Job", "Prefetcher", "cache_dir", "clear_stale", "scratch_root", "default_workers"]
+__all__ = ["Job", "Prefetcher", "cache_dir", "clear_stale", "compile_ahead", "scratch_root", "default_workers"]
 
 
 @dataclass(frozen=True)
@@ -197,6 +197,38 @@ class Prefetcher:
     def summary(self) -> dict:
         return {"workers": self.workers, **self.stats, "seconds": round(self.stats["seconds"], 1),
                 "note": self.note}
+
+
+def compile_ahead(A, request: dict, families, job: Job) -> dict:
+    """Worker side of one case: the default selection, the contenders the GPU will time for it
+    (`selection.contenders`) and each of `families` forced, compiled with backend "emulate" for the
+    measuring GPU's arch and device model (cubins too, when `job.cubin`), so that the measuring
+    process's compile() finds them cached: {"errors", "specs"} by name ("sparsegen", a family, or a
+    contender's options). A family that declines or fails is recorded; the measuring process meets
+    it again and reports it."""
+    import sparsegen
+
+    out = {"errors": {}, "specs": {}}
+
+    def one(name, options):
+        try:
+            k = sparsegen.compile(A, arch=job.arch, backend="emulate", options=options, device=job.device,
+                                  **request)
+            if job.cubin:
+                k.cubin  # noqa: B018 - compiles and caches it
+            out["specs"][name] = k.spec.name
+            return k
+        except Exception as exc:  # noqa: BLE001 - recorded; the measuring process raises it again
+            out["errors"][name] = message(exc)
+            return None
+
+    selected = one("sparsegen", None)
+    for contender in selected.selection.contenders if selected is not None else ():
+        one(",".join(f"{k}={v}" for k, v in contender), dict(contender))
+    for fam in families:
+        if selected is None or fam != selected.spec.family:
+            one(fam, {"family": fam})
+    return out
 
 
 def scratch_root(suite: str) -> Path:
