@@ -189,7 +189,7 @@ class Rates:
 
 def plain(values) -> dict:
     """The values as the file holds them: nested dicts, an optional group that is None left out (so a
-    file without it reads, writes and hashes as it did before the group existed)."""
+    file without it reads, writes and hashes the same whether or not the group exists in the code)."""
     def strip(d):
         return {k: strip(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
     return strip(dataclasses.asdict(values))
