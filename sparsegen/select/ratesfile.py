@@ -188,8 +188,9 @@ class Rates:
 
 
 def plain(values) -> dict:
-    """The values as the file holds them: nested dicts, an optional group that is None left out (so a
-    file without it reads, writes and hashes the same whether or not the group exists in the code)."""
+    """The values as the file holds them: nested dicts, an optional group that is None left out, so
+    that a file without the group writes back as it was read and keeps its digest (a plan's cache
+    key holds it)."""
     def strip(d):
         return {k: strip(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
     return strip(dataclasses.asdict(values))
