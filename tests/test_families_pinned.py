@@ -197,6 +197,17 @@ def test_ell_coo_cov_bounds_on_both_sides(n, cov, accepted):
                             f"pass")
 
 
+@pytest.mark.parametrize("n, bound", [(128, 0.75), (127, 1.3)])
+def test_ell_coo_reason_at_the_cov_bound_itself(n, bound):
+    # a CoV equal to the bound is inside it: accepted unasked, and the reason says ">=" even when
+    # the family is asked for by name; a hair under it only by name, and the reason says so
+    for options in ({}, {"family": "ell_coo_spmm"}):
+        d = ell._rule(ell_stats(bound), req(n=n, dtype="float16", **options))
+        assert d.reason.startswith(f"row-length CoV {bound:.2f} >= {bound} (rows 0..200 nnz, median 10): ")
+    d = ell._rule(ell_stats(bound - 1e-9), req(n=n, dtype="float16", family="ell_coo_spmm"))
+    assert d.reason.startswith(f"row-length CoV {bound:.2f} < (asked for by name) {bound} (rows 0..200 nnz, ")
+
+
 def test_ell_coo_forced_ignores_the_bounds():
     d = ell._rule(ell_stats(0.5), req(n=64, dtype="float32", family="ell_coo_spmm"))
     assert d.accepted and "< (asked for by name)" in d.reason
@@ -322,6 +333,22 @@ def test_rowsplit_narrows_the_column_tile_for_few_rows():
     assert (spec.lanes_col, spec.lanes_k) == (16, 2)
     spec, _ = rowsplit_choice(64, 2.0, 64)  # 16 lanes x 1: not a full warp, not narrowed
     assert (spec.lanes_col, spec.lanes_k) == (16, 1)
+
+
+@pytest.mark.parametrize("mean, lanes", [(11.9, (8, 4)), (12.0, (8, 4)), (15.9, (8, 4)), (16.0, (4, 8)),
+                                         (31.9, (4, 8)), (32.0, (2, 16))])
+def test_rowsplit_narrows_while_each_lane_keeps_two_nonzeros(mean, lanes):
+    # 64 rows at n 128 (32 lanes of float4 across): each halving doubles lanes_k, allowed while the
+    # mean row holds 4 x lanes_k nonzeros (2 a lane after the doubling)
+    spec, _ = rowsplit_choice(64, mean, 128)
+    assert (spec.lanes_col, spec.lanes_k) == lanes
+
+
+@pytest.mark.parametrize("n, mean, lanes, unroll", [(8, 1.0, (2, 1), 2), (4, 1.0, (1, 1), 1), (4, 4.0, (1, 2), 2)])
+def test_rowsplit_unrolls_from_two_lanes(n, mean, lanes, unroll):
+    # a group of 2 lanes loads chunks of 2 and unrolls them; a lone lane has no chunk to unroll
+    spec, _ = rowsplit_choice(100000, mean, n)
+    assert ((spec.lanes_col, spec.lanes_k), spec.unroll) == (lanes, unroll)
 
 
 @pytest.mark.parametrize("dtype, n, mean, unroll", [("float32", 32, 128.0, 2), ("float32", 33, 128.0, 1),
@@ -912,6 +939,97 @@ def test_choose_split_takes_stream_k_past_one_wave():
     assert (s.reduction, s.tile_m) == ("stream", 128)
 
 
+def test_choose_split_with_no_more_than_four_k_tiles():
+    # 1 and 3 k-tiles: fewer than MIN_K_TILES_PER_SPLIT, still one split (never zero)
+    for k, k_tiles in ((64, 1), (192, 3)):
+        s = T.choose_split(mk(4096, k), half(), 32, 32, 3, 1e-4)
+        assert (s.split_k, s.reduction) == (1, "none")
+        assert s.reason == (f"32 output tiles x split-K 1 ({k_tiles} of {k_tiles} k-tiles each, target 16) = 32 "
+                            f"blocks for 132 SMs x 3 resident")
+
+
+def test_choose_split_starts_at_one_split_for_at_most_24_k_tiles():
+    # round(k_tiles / 16): 8 k-tiles round to 0 and 16 to 1; both start (and, with 256 tiles >= 132
+    # SMs, stay) at one split although 2 and 4 splits would keep 4 k-tiles each
+    for k in (512, 1024):
+        s = T.choose_split(mk(32768, k), half(), 32, 32, 3, 1e-4)
+        assert (s.split_k, s.reduction) == (1, "none")
+        assert s.reason.startswith(f"256 output tiles x split-K 1 ({k // 64} of {k // 64} k-tiles each")
+
+
+def test_choose_split_stops_raising_the_split_once_blocks_reach_the_sms():
+    # 16 k-tiles start at one split; 44 tiles x 3 = 132 blocks fill the 132 SMs exactly: 3 (6 k-tiles
+    # each); 43 tiles x 3 = 129 fall short: 4
+    s = T.choose_split(mk(44 * 128, 1024), half(), 32, 32, 3, 1e-4)
+    assert s.split_k == 3 and s.reason.startswith("44 output tiles x split-K 3 (6 of 16 k-tiles each, target 16) = "
+                                                  "132 blocks for 132 SMs")
+    s = T.choose_split(mk(43 * 128, 1024), half(), 32, 32, 3, 1e-4)
+    assert s.split_k == 4 and s.reason.startswith("43 output tiles x split-K 4 (4 of 16 k-tiles each, target 16) = "
+                                                  "172 blocks")
+
+
+def test_choose_split_counts_every_column_tile():
+    # n 64 in 32-column blocks: 32 row tiles x 2 column tiles = 64 output tiles
+    s = T.choose_split(mk(4096, 8192), half(64, bn=32), 64, 32, 3, 1e-4)
+    assert s.split_k == 8
+    assert s.reason.startswith("64 output tiles x split-K 8 (16 of 128 k-tiles each, target 16) = 512 blocks")
+
+
+def test_choose_split_takes_stream_k_only_past_one_wave():
+    # 99 tiles x split 4 = 396 blocks = 132 SMs x 3 resident: one wave exactly, split-K; 100 tiles: past it
+    s = T.choose_split(mk(99 * 128, 4096), half(16), 16, 16, 3, 1e-4, stream_bns=(16,))
+    assert (s.split_k, s.reduction) == (4, "atomic") and "= 396 blocks for 132 SMs x 3 resident" in s.reason
+    s = T.choose_split(mk(100 * 128, 4096), half(16), 16, 16, 3, 1e-4, stream_bns=(16,))
+    assert (s.split_k, s.reduction) == (1, "stream")
+    assert s.reason.startswith("100 output tiles x split-K 4 would be 400 blocks for 132 SMs x 3 resident, past one "
+                               "wave; ")
+
+
+def test_choose_split_heights_for_eight_warps_in_two_k_groups():
+    # 8 warps in 2 k-groups are 4 row groups: 64-row tiles give each 16 rows, and a short M takes them
+    # (M = 20 < 64: the 64-row tile still fits max(M, 64))
+    for m in (20, 64):
+        assert T.choose_split(mk(m, 8192), half(warps=8, warp_k=2), 32, 32, 3, 1e-4).tile_m == 64
+    assert T.choose_split(mk(20, 8192), half(warps=8, warp_k=2), 32, 32, 3, 1e-4, heights=(128, 64)).tile_m == 64
+
+
+def test_choose_split_models_a_split_or_reduction_asked_for():
+    # narrow blocks, but split_k= or a reduction other than atomics is asked: the cost model's split
+    s = T.choose_split(mk(4096, 8192), half(split_k=3), 32, 32, 3, 1e-4)
+    assert s.split_k == 3 and "(split_k as asked); predicted " in s.reason
+    s = T.choose_split(mk(4096, 8192), half(reduction="two_step"), 32, 32, 3, 1e-4)
+    assert s.reduction == "two_step" and "; predicted " in s.reason and "target 16" not in s.reason
+    s = T.choose_split(mk(4096, 8192), half(reduction="atomic"), 32, 32, 3, 1e-4)  # atomics: the narrow rule's own
+    assert (s.split_k, s.reduction) == (8, "atomic") and "target 16" in s.reason
+
+
+def tie_device(launch_s):
+    # powers of two, so the two reductions' predicted times are exact: for 1 tile of 128 x 32 and split 2,
+    # partials 4 x 2 x 128 x 32 = 2**15 bytes: atomics 2**15 / 2**39 + 8 x 128 x 32 / 2**40 = 2**-24 + 2**-25,
+    # a second launch launch_s + 2 x 2**15 / 2**40 = launch_s + 2**-24
+    dev = D.default()
+    rates = dev.rates.replace(memory=dataclasses.replace(dev.rates.memory, copy_bytes_per_s=2.0**40,
+                                                         atomic_bytes_per_s=2.0**39),
+                              launch=dataclasses.replace(dev.rates.launch, launch_s=launch_s))
+    return dataclasses.replace(dev, rates=rates)
+
+
+@pytest.mark.parametrize("launch_s, reduction", [(2.0**-25, "atomic"), (2.0**-25 - 2.0**-40, "two_step"),
+                                                 (2.0**-25 + 2.0**-40, "atomic")])
+def test_choose_split_atomics_on_a_tie_with_a_second_launch(launch_s, reduction):
+    r = Request("spmm", n=32, dtype="float16", device=tie_device(launch_s))
+    s = T.choose_split(mk(128, 512), r, 32, 32, 3, 1e-4)  # 8 k-tiles, one tile: split raised to the most, 2
+    assert (s.split_k, s.reduction) == (2, reduction)
+
+
+def test_partial_wave_factor_is_exactly_one_from_one_full_wave():
+    # a full wave is the reference itself: exactly 1, not the formula's (r + h) s r / (s r (r + h)), which
+    # rounds to 1 - 2**-52 for h = 0.1 and would tip ties between equal candidates
+    assert T.partial_wave_factor(396, 132, 3, 0.1) == 1.0
+    assert T.partial_wave_factor(396, 132, 3, 1.3) == 1.0
+    assert T.partial_wave_factor(395, 132, 3, 0.1) == pytest.approx(3.1 * 396 / (395 * 3.1), rel=1e-15)
+
+
 def test_partial_wave_factor_by_hand():
     assert T.partial_wave_factor(264, 132, 2, 1.0) == 1.0  # one full wave
     assert T.partial_wave_factor(300, 132, 2, 1.0) == 1.0
@@ -1014,6 +1132,29 @@ def test_tiled_gate_accepts_at_its_limits():
               half(reduction="stream"), half(32, reduction="stream", bn=32), half(64, tile_m=256, warps=8),
               half(64, tile_m=128)):
         assert T.gate(gate_stats(), r) is None, r.options
+
+
+def test_tiled_gate_row_groups_and_thread_slots():
+    st = gate_stats()
+    # 8 warps in 2 (or 4) k-groups are 4 (2) row groups: 64-row tiles give each 16 rows or more
+    assert T.gate(st, half(tile_m=64, warps=8, warp_k=2)) is None
+    assert T.gate(st, half(tile_m=64, warps=8, warp_k=4)) is None
+    # resident blocks asked for, against thread slots: 4096 a SM hold 32 blocks of 128 threads
+    dev = dataclasses.replace(D.default(), max_threads_per_sm=4096)
+    assert T.gate(st, Request("spmm", n=32, dtype="float16", device=dev, options=(("blocks", 32),))) is None
+    d = T.gate(st, Request("spmm", n=32, dtype="float16", device=dev, options=(("blocks", 33),)))
+    assert d.reason == "options blocks=33: expected resident blocks per SM, an integer from 1 to 32 for 4-warp blocks"
+
+
+def test_tiled_gate_counts_accumulators_at_the_default_height():
+    # no tile_m asked: the chooser's tallest unasked height, 128 rows; 4 warps in 4 k-groups are one row
+    # group of 8 m16 fragments x 8 n8 fragments x 4 = 256 accumulators
+    d = T.gate(gate_stats(), half(64, warp_k=4))
+    assert d.reason == ("options tile_m=128, warps=4, warp_k=4 with 64 columns per block: 256 fp32 accumulators per "
+                        "thread, at most 64 (spills); more row groups (options warps=8, fewer k-groups) divide them")
+    assert T.gate(gate_stats(), half(64, warp_k=2)).reason.startswith("options tile_m=128, warps=4, warp_k=2 with 64 "
+                                                                      "columns per block: 128 fp32 accumulators")
+    assert T.gate(gate_stats(), half(32, warp_k=2)) is None  # 4 x 4 x 4 = 64: at the limit
 
 
 def test_tiled_gate_density_n_and_sizes_on_both_sides():
