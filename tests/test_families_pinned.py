@@ -1341,6 +1341,34 @@ def test_sputnik_choose_balanced_for_few_skewed_rows():
     assert spec.budget == 0  # float16 splits alike
 
 
+@pytest.mark.parametrize("m, mean, longest, balanced", [
+    (4223, 50.0, 2000, True), (4224, 50.0, 2000, False),  # fewer rows than the 4224 groups a column tile may take
+    (100, 300.0, 600, True), (100, 300.0, 599, False),  # the longest row at least twice the mean
+    (100, 100.0, 513, True), (100, 100.0, 512, False),  # and longer than a chunk x the alike split (32 x 16)
+])
+def test_sputnik_choose_splits_per_row_on_both_sides_of_each_skew_bound(m, mean, longest, balanced):
+    # fp32, n 128: one column tile of 32 threads; 132 SMs x 32 warps = 4224 row groups a tile
+    spec, why = sput.choose(sput_stats(m, 4096, mean, cov=3.0, longest=longest), Request("spmm", n=128))
+    assert spec.budget == (4224 if balanced else 0)
+    assert ("each row split over the fewest row groups" in why) is balanced
+
+
+def test_sputnik_choose_reason_names_a_split_from_two_groups():
+    # 2000 rows at n 128: 2 x 2000 warps stay within 4224, 4 x 2000 do not: 2 groups a row, said so
+    spec, why = sput.choose(sput_stats(2000, 4096, 50.0), Request("spmm", n=128))
+    assert spec.ksplit == 2
+    assert why == ("rows avg 50.0 nnz (CoV 0.05), n=128: 4-wide loads, 32 threads x 128 columns per row group (1 tile), "
+                   "2 groups per row (2000 rows alone give 2000 warps; split while the grid stays within 4224 for 132 "
+                   "SMs); 32-nonzero chunks by 1-wide loads, 16 loads of X in flight; 32-bit indices pre-scaled by n; "
+                   "rows in order")
+    # 5000 rows: unsplit, and the reason has no split in it
+    spec, why = sput.choose(sput_stats(5000, 4096, 50.0), Request("spmm", n=128))
+    assert spec.ksplit == 1
+    assert why == ("rows avg 50.0 nnz (CoV 0.05), n=128: 4-wide loads, 32 threads x 128 columns per row group (1 tile); "
+                   "32-nonzero chunks by 1-wide loads, 16 loads of X in flight; 32-bit indices pre-scaled by n; rows "
+                   "in order")
+
+
 def test_sputnik_choose_indices_and_prefetch():
     spec, why = sput.choose(sput_stats(5000, 32767, 10.0), Request("spmm", n=32, dtype="float16"))
     assert (spec.index_bits, spec.prescaled, spec.prefetch) == (16, False, False) and "16-bit indices; " in why
@@ -1412,6 +1440,18 @@ def test_sputnik_measured_region_on_both_sides():
                              "csr_rowsplit")
     assert not sput._rule(sput_stats(5000, 4096, 128.0), req(n=127, dtype="float16")).accepted
     assert sput._rule(sput_stats(5000, 4096, 10.0), req(n=32, family="sputnik_spmm")).accepted
+    # float32 at n 32 (8-thread groups, 4 a warp): rows of 128 split in two while 2 x m / 4 warps stay within 4224
+    for m, split in ((5000, 2), (8448, 2), (8449, 1)):
+        d = sput._rule(sput_stats(m, 4096, 128.0), req(n=32))
+        assert d.accepted is (split == 2) and (d.spec is None or d.spec.ksplit == split), m
+
+
+def test_sputnik_index_slack_of_a_whole_vector():
+    # indices and values are padded by up to 8 entries: nnz + 8 must stay under 2**31
+    rl = sput_stats(5000, 4096, 200.0).row_lengths
+    assert sput._rule(SimpleNamespace(shape=(4, 4), nnz=2**31 - 9, row_lengths=rl), req(n=128)).accepted
+    assert sput._rule(SimpleNamespace(shape=(4, 4), nnz=2**31 - 8, row_lengths=rl), req(n=128)).reason == (
+        "matrix needs 64-bit indices")
 
 
 # ============================================================================ tiled_csl_spmm.py
