@@ -772,6 +772,12 @@ def test_sputnik_sddmm_choose_tile(m, nnz, empty, target, tile):
     assert ssd.choose_tile(sddmm_rows(m, 64, nnz, empty), 8, target) == tile
 
 
+@pytest.mark.parametrize("nnz, tile", [(800, 8), (850, 16), (1600, 16), (1650, 32)])
+def test_sputnik_sddmm_choose_tile_rounds_the_mean_row_up(nnz, tile):
+    # 100 rows: a mean of 8 or 16 takes that tile; 8.5 and 16.5 round up to 9 and 17, the next power of two
+    assert ssd.choose_tile(sddmm_rows(100, 64, nnz), 8, 1) == tile
+
+
 def test_sputnik_sddmm_choose_tile_stops_at_the_target():
     st = sddmm_rows(4096, 4096, 163840)
     # 32-nonzero tiles: ~7104 tiles x 8 lanes / 32 = 1776 warps
@@ -786,6 +792,14 @@ def test_sputnik_sddmm_choose_tile_stops_at_the_target():
 ])
 def test_sputnik_sddmm_choose_block(tiles, lanes, sms, block):
     assert ssd.choose_block(tiles, lanes, sms) == block
+
+
+def test_sputnik_sddmm_choose_block_takes_a_spread_of_exactly_085():
+    # 1088 tiles of 8 lanes: 17 blocks of 512 threads (64 groups), 34 of 256, 68 of 128, 136 of 64. On 20 SMs
+    # 17 / 20 = 0.85 is even enough for 512; on 21 SMs 512, 256 and 128 spread 17 / 21 = 0.81, and 64 spreads
+    # 136 / 21 / 7 = 0.93
+    assert ssd.choose_block(1088, 8, 20) == 512
+    assert ssd.choose_block(1088, 8, 21) == 64
 
 
 def test_sputnik_sddmm_choose_block_without_an_even_spread_takes_the_most_even():
@@ -827,6 +841,20 @@ def test_sputnik_sddmm_options_taken():
     assert d.reason.endswith("; 64-bit offsets (option)")
 
 
+@pytest.mark.parametrize("block, min_blocks", [(256, 2), (512, 1), (1024, 1)])
+def test_sputnik_sddmm_min_blocks_at_least_one(block, min_blocks):
+    # 65536 registers / (block x 128): 2 for 256 threads, 1 for 512, and 1 (not 0) for 1024
+    assert ssd._rule(sddmm_rows(64, 64, 640), ssd_req(64, block=block)).spec.min_blocks == min_blocks
+
+
+def test_sputnik_sddmm_reason_counts_only_the_nonempty_rows():
+    # 600 nonzeros in 100 rows, 40 of them empty: 10 a nonempty row; no nonempty row: 0
+    _, why = ssd.choose(sddmm_rows(100, 64, 600, empty=40), ssd_req(64))
+    assert "; rows avg 10.0 nnz (CoV 0.50): tiles of 8 -> ~101 tiles, 26 warps for 132 SMs; " in why
+    _, why = ssd.choose(sddmm_rows(100, 64, 0, empty=100), ssd_req(64))
+    assert "; rows avg 0.0 nnz (CoV 0.50): tiles of 8 -> ~0 tiles, 0 warps for 132 SMs; " in why
+
+
 def test_sputnik_sddmm_rule_declines():
     st = sddmm_rows(64, 64, 640)
     assert ssd._rule(st, Request("spmm", k=8)).reason == "op 'spmm' is not sddmm"
@@ -853,6 +881,11 @@ def test_sputnik_sddmm_offsets_past_32_bits():
     assert spec.scaled and why.endswith("warps an SM")
     spec, why = ssd.choose(sddmm_rows(64, 2**24 + 1, 640), ssd_req(128))
     assert not spec.scaled and f"; {2**24 + 1} x 128 needs 64-bit offsets" in why
+    # the largest slot (n - 1) x k exactly 2**31 - 1 (a prime: k = 2**31 - 1 with 2 columns) still fits
+    d = ssd._rule(sddmm_rows(64, 2, 640), ssd_req(2**31 - 1))
+    assert d.accepted and d.spec.scaled
+    spec, why = ssd.choose(sddmm_rows(64, 3, 640), ssd_req(2**31 - 1))
+    assert not spec.scaled and why.endswith(f"; 3 x {2**31 - 1} needs 64-bit offsets")
 
 
 # ==================================================================================== _tiled.py
