@@ -582,6 +582,75 @@ def test_panel_choose_half_and_the_rows_of_a_small_matrix():
     assert spec.density == 0.01
 
 
+def panel_choice(m, k, density, n, dtype="float32", **kw):
+    return panel.choose(panel_stats(m, k, density), Request("spmm", n=n, dtype=dtype), **kw)
+
+
+def test_panel_choose_rows_of_one_lane_groups_and_of_a_few_rows():
+    # n 4 float32: one float4 lane a group, 8 warps x 32 groups = 256 groups of one row each (16 / 0.2 -> 128,
+    # at least the 256 groups' rows: rpg 1)
+    spec, why = panel_choice(1024, 4096, 0.2, 4)
+    assert (spec.vec, spec.group, spec.rpg, spec.panel_rows) == (4, 1, 1, 256)
+    # the staged pairs and the reason are sized for those 256 rows: 1.25 x 256 x 64 x 0.2 + 32 = 4128
+    assert spec.pair_cap == 4128 and why.startswith("density 0.200: panels of 256 rows share each staged X row (~51.2 ")
+    # 4 rows at n 256: 8 groups of 32 lanes; the panel wants next_pow2(4) = 4 rows, fewer than the groups: rpg 1
+    spec, _ = panel_choice(4, 4096, 0.2, 256)
+    assert (spec.group, spec.rpg, spec.panel_rows) == (32, 1, 8)
+
+
+@pytest.mark.parametrize("m, k, density, n, kc", [
+    (64, 16, 0.5, 4, 16),  # K of 16: one chunk of 16 rows, though a 4-float tile would allow 2048
+    (1024, 8, 0.5, 64, 16),  # K of 8: chunks are never under 16 rows
+    (1024, 4096, 0.01, 16, 256),  # 64-byte X rows allow 512, K 4096: at most 256 (two stages take 47 KB)
+])
+def test_panel_choose_chunk_rows(m, k, density, n, kc):
+    assert panel_choice(m, k, density, n)[0].kc == kc
+
+
+@pytest.mark.parametrize("density, kc", [(0.245, 256), (0.246, 256), (0.247, 128)])
+def test_panel_choose_keeps_a_stage_of_exactly_48_kb(density, kc):
+    # float16, n 16: 8-wide loads, 2-lane groups, 128-row panels (record stride 132 words), chunks of 256:
+    # 256 x 16 x 2 + 132 x 4 + 4 x pairs. At 24.6 % the pairs are 1.25 x 128 x 256 x 0.246 + 32 = 10108.16 ->
+    # 10108: 8192 + 528 + 40432 = 49152, one stage's budget exactly, kept; at 24.7 % 10140 pairs: halved
+    spec, _ = panel_choice(1024, 4096, density, 16, "float16")
+    assert (spec.vec, spec.group, spec.panel_rows, spec.record, spec.kc) == (8, 2, 128, 132, kc)
+    assert spec.shared_bytes <= 2 * 49152
+
+
+def test_panel_choose_one_chunk_at_least():
+    # K = 64 in chunks of 64: one chunk, in one split asked for; K = 0 still makes one chunk
+    assert panel_choice(1024, 64, 0.2, 64, splits=1)[0].cps == 1
+    spec, _ = panel_choice(1024, 0, 0.2, 64, splits=1)
+    assert (spec.kc, spec.cps, spec.splits) == (16, 1, 1)
+
+
+def test_panel_choose_counts_column_tiles_and_at_least_one_panel():
+    # n 2048: 16 column tiles of 128 x 16 panels of 64 rows = 256 blocks, past one wave of 396 / 256: no split
+    spec, why = panel_choice(1024, 4096, 0.2, 2048)
+    assert (spec.panel_rows, spec.tile_n, spec.splits, spec.cps) == (64, 128, 1, 64) and "K split" not in why
+    # 100 rows in one 128-row panel: 1024 chunks over 396 / 1 slots -> 342 splits of 3 chunks
+    spec, why = panel_choice(100, 65536, 0.2, 64)
+    assert (spec.splits, spec.cps) == (342, 3)
+    assert why.endswith("; K split 342 ways (1 panel tiles alone): 342 blocks of 3 chunks, one wave at 3 blocks per "
+                        "SM (65 KB shared memory each)")
+    # no rows: still one panel tile
+    _, why = panel_choice(0, 4096, 0.2, 64)
+    assert why.endswith("; K split 32 ways (1 panel tiles alone): 32 blocks of 1 chunks, one wave at 3 blocks per SM "
+                        "(72 KB shared memory each)")
+
+
+def test_panel_choose_density_to_three_places_and_the_split_in_the_reason():
+    assert panel_choice(1024, 4096, 0.1234, 256)[0].density == 0.123
+    spec, why = panel_choice(1024, 4096, 0.2, 256, splits=2)
+    assert why == ("density 0.200: panels of 64 rows share each staged X row (~12.8 nonzeros per row copied); 64 x 128 "
+                   "X tiles in shared memory, 4-wide loads; K split 2 ways (32 panel tiles alone): 64 blocks of 32 "
+                   "chunks, forced at 2 blocks per SM (81 KB shared memory each)")
+    spec, why = panel_choice(1024, 4096, 0.2, 256, splits=1)
+    assert spec.splits == 1
+    assert why == ("density 0.200: panels of 64 rows share each staged X row (~12.8 nonzeros per row copied); 64 x 128 "
+                   "X tiles in shared memory, 4-wide loads")
+
+
 @pytest.mark.parametrize("chunks, blocks, slots, splits", [(32, 8, 396, 32), (32, 8, 100, 12), (32, 400, 396, 1),
                                                            (32, 0, 10, 10), (1, 1, 100, 1)])
 def test_panel_choose_splits(chunks, blocks, slots, splits):
