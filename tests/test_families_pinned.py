@@ -704,6 +704,49 @@ def test_takes_f16x3_on_both_sides(m, k, n, stages, big):
     assert dtm.takes_f16x3(m, k, n, stages) is big
 
 
+def test_takes_f16x3_at_exactly_one_gflop():
+    # 2 x 15625 x 125 x 256 = 1e9 exactly (5**6 x 5**3 x 2**9): taken; one row less is 0.999936e9
+    assert dtm.takes_f16x3(15625, 125, 256) is True
+    assert dtm.takes_f16x3(15624, 125, 256) is False
+
+
+@pytest.mark.parametrize("n, tile_n", [(32, 32), (33, 64)])
+def test_dense_tile_spmm_narrow_tiles_up_to_n_32(n, tile_n):
+    assert dtm.choose(shape_stats(1024, 1024), Request("spmm", n=n))[0].tile_n == tile_n
+
+
+def test_dense_tile_spmm_tall_tiles_count_every_column_tile():
+    # n 128: two 64-column tiles a row of tiles; 264 x 2 = 528 tall tiles fill two waves of 2 x 132
+    assert dtm.choose(shape_stats(264 * 128, 64), Request("spmm", n=128))[0].tile_m == 128
+    assert dtm.choose(shape_stats(263 * 128, 64), Request("spmm", n=128))[0].tile_m == 64
+
+
+@pytest.mark.parametrize("optin, m_tiles, tile_m", [
+    (165888, 527, 64), (165888, 528, 128),  # room for exactly two 82944-byte blocks: two waves are 528 tiles
+    (165887, 263, 64), (165887, 264, 128),  # a byte short of two: one resident, two waves are 264 tiles
+])
+def test_dense_tile_spmm_tall_tiles_by_the_shared_memory_of_128_rows(optin, m_tiles, tile_m):
+    # a 128 x 64 tile's block takes 4 x 3 x (128 x 36 + 32 x 72) = 82944 bytes
+    assert dtm.shared_bytes(128, 64, 32, 3) == 82944
+    dev = dataclasses.replace(D.default(), shared_per_block_optin=optin)
+    assert dtm.choose(shape_stats(m_tiles * 128, 64), Request("spmm", n=64, device=dev))[0].tile_m == tile_m
+
+
+@pytest.mark.parametrize("k, n, w_vec, x_vec", [(1024, 64, 4, 4), (1022, 6, 2, 2), (1023, 7, 1, 1)])
+def test_dense_tile_spmm_copy_widths(k, n, w_vec, x_vec):
+    # floats per cp.async copy: the widest of 4, 2, 1 dividing a row of W (K) and of X (N)
+    spec, _ = dtm.choose(shape_stats(1024, k), Request("spmm", n=n))
+    assert (spec.w_vec, spec.x_vec) == (w_vec, x_vec)
+
+
+def test_dense_tile_spmm_reason_names_a_split_from_two():
+    _, why = dtm.choose(shape_stats(1024, 1024), Request("spmm", n=64, options=(("split_k", 1),)))
+    assert why == "64x64 tiles of Y on 3xTF32 tensor cores, W densified (4.2 MB), K in slices of 32, 3 in flight"
+    _, why = dtm.choose(shape_stats(1024, 1024), Request("spmm", n=64, options=(("split_k", 2),)))
+    assert why == ("64x64 tiles of Y on 3xTF32 tensor cores, W densified (4.2 MB), K in slices of 32, 3 in flight; K "
+                   "split 2 ways (16 tiles alone for 132 SMs): 32 blocks, sums meet in an fp32 workspace")
+
+
 @pytest.mark.parametrize("m, n, tile_m, tile_n, slices, wave, sms, split", [
     (1024, 64, 64, 64, 32, 396, 132, 8),      # 16 tiles: 4 slices a split
     (4224, 64, 64, 64, 64, 396, 132, 6),      # 66 tiles (2 x 66 = 132): still 4 slices a split
@@ -767,6 +810,10 @@ def test_dense_tile_spmm_options_allowed():
     (req(n=2**16), (2**15, 2**16), "an operand past 2^31 elements needs 64-bit offsets"),
     (req(n=2**15), (2**16, 2**15), "an operand past 2^31 elements needs 64-bit offsets"),
     (req(n=2**16), (2**15, 2**15), "an operand past 2^31 elements needs 64-bit offsets"),
+    # each operand alone at 2**31 elements: W (exactly 8 GiB, not past it), X, Y
+    (req(n=8), (2**15, 2**16), "an operand past 2^31 elements needs 64-bit offsets"),
+    (req(n=2**15), (2, 2**16), "an operand past 2^31 elements needs 64-bit offsets"),
+    (req(n=2**15), (2**16, 2), "an operand past 2^31 elements needs 64-bit offsets"),
 ])
 def test_dense_tile_spmm_offer_declines(request_, shape, reason):
     assert dtm.offer(shape_stats(*shape), request_).reason == reason
@@ -776,6 +823,8 @@ def test_dense_tile_spmm_offer_at_its_limits():
     assert dtm.offer(shape_stats(4, 4), req(out="float32")).accepted
     assert dtm.offer(shape_stats(2**15, 2**16 - 1), req(n=8)).accepted  # just under 2**31 elements and 8 GiB
     assert dtm.offer(shape_stats(2**15 - 1, 2**15), req(n=2**16 - 1)).accepted
+    assert dtm.offer(shape_stats(2, 2**16 - 1), req(n=2**15)).accepted  # X one column short of 2**31 elements
+    assert dtm.offer(shape_stats(2**16 - 1, 2), req(n=2**15)).accepted  # Y one row short
     # rows past 65535 64-row tiles: the grid's y
     d = dtm.offer(shape_stats(64 * 65536, 8), req(n=8, tile_m=64))
     assert d.reason == "65536 row tiles of 64: past the grid's 65535 in y"
