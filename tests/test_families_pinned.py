@@ -471,6 +471,34 @@ def test_dense_tile_sddmm_choose_by_hand(m, k, tile_m, slice_k, vec, min_blocks)
                                                                                            min_blocks)
 
 
+@pytest.mark.parametrize("k, slice_k", [(9, 16), (16, 16), (17, 24)])
+def test_dense_tile_sddmm_short_k_in_one_slice_of_whole_mma_steps(k, slice_k):
+    # k under 32: one slice, k rounded up to a multiple of 8 (an mma step)
+    assert dts.choose(sddmm_stats(640, 64, 10, 1), sddmm_req(k))[0].slice_k == slice_k
+
+
+@pytest.mark.parametrize("registers, m, tile_m, min_blocks", [
+    (16384, 640, 128, 1),  # 256 threads x 128 registers are 32768: none fit, still 1
+    (32768, 640, 128, 1),
+    (32768, 20, 32, 4),  # 64 threads: 32768 / 8192
+    (262144, 20, 32, 16),  # 32 would fit: at most 16
+])
+def test_dense_tile_sddmm_min_blocks_from_the_register_file(registers, m, tile_m, min_blocks):
+    dev = dataclasses.replace(D.default(), registers_per_sm=registers)
+    spec, _ = dts.choose(sddmm_stats(m, 64, 10, 1), Request("sddmm", k=64, dtype="float32", device=dev))
+    assert (spec.tile_m, spec.min_blocks) == (tile_m, min_blocks)
+
+
+def test_dense_tile_sddmm_fill_exactly_at_the_lowest_bound():
+    # 100 tiles of 128 x 64 at 155648 / 819200 = 0.19 fill exactly: the 19 % pair's fill is met (its 3 tiles per
+    # SM are not), so the decline names the tiles; a nonzero less is under the lowest fill
+    d = dts._rule(sddmm_stats(1280, 640, 155648, 100), sddmm_req(128))
+    assert d.reason == ("100 tiles of 128x64 for 100 SMs at 19% fill (< 3.0 per SM from 19% fill at k=128): each block "
+                        "walks all of k alone")
+    d = dts._rule(sddmm_stats(1280, 640, 155647, 100), sddmm_req(128))
+    assert d.reason == "fill of the nonempty tiles 19.0% < 19% at k=128: a B row per entry is cheaper"
+
+
 def test_dense_tile_sddmm_choose_reason():
     spec, why = dts.choose(sddmm_stats(640, 640, 114688, 50), sddmm_req(128))
     assert why == ("fill of the nonempty tiles 28% >= 28% at k=128: whole 128x64 tiles of A.B^T (up to 50 blocks, 0.5 "
