@@ -1654,6 +1654,20 @@ def test_csl_ring_for_by_hand():
     assert csl.ring_for(128, 32, 600, 16, half(wgmma=True)) == (2, 4, 600)
 
 
+def test_csl_ring_for_fits_the_tile_offsets_to_the_byte():
+    # 105 uint4 a slot: 4096 + 1680 bytes, 46 rows of 128 = 5888; 96 registers a thread allow 5 blocks, at most 4.
+    # Four blocks have 233472 / 4 - 1024 - 256 = 57088 bytes each and want ceil(49152 / (4 x 5888)) + 1 = 4 slots.
+    # 127 k-tiles a split: W buffers 33024 + 4 x 128 offsets = 33536, + 4 x 5888 = 57088 exactly: four blocks.
+    # 128 k-tiles: 4 bytes more, three blocks (4 slots in 76544)
+    assert csl.ring_for(128, 32, 105, 127, half()) == (4, 4, 105)
+    assert csl.ring_for(128, 32, 105, 128, half()) == (3, 4, 105)
+
+
+def test_csl_ring_for_a_slot_of_one_vector_at_least():
+    # a matrix without nonzeros: its slots still hold one uint4 of words
+    assert csl.ring_for(128, 32, 0, 16, half()) == (4, 4, 1)
+
+
 def test_csl_ring_for_caps_a_slot_at_what_fits():
     # a fuller tile than one slot of the deepest ring holds: the rest comes from global
     blocks, stages, vectors = csl.ring_for(128, 64, 20000, 16, half(64))
@@ -1677,6 +1691,68 @@ def test_csl_choose_reason():
     assert spec.strict_banks and spec.warp_k == 2
     assert "; warps in 2 k-groups (each loads 1/2 of the X fragments)" in why
     assert why.endswith("; strictly bank-conflict-free scatter (padded banks)")
+
+
+def csl_stats(m, k, max_nnz, density=0.3):
+    tiles = -(-m // 128) * -(-k // 64)
+    return SimpleNamespace(shape=(m, k), density=density, nnz=int(m * k * density),
+                           tiles=SimpleNamespace(max_nnz=max_nnz, tile_rows=128, tile_cols=64, tiles=tiles,
+                                                 nonempty=tiles, density_hist=(0, 0, 0, tiles) + (0,) * 6,
+                                                 density_means=(0.0, 0.0, 0.0, density) + (0.0,) * 6))
+
+
+def csl_choice(m, k, max_nnz, request):
+    spec, why = csl.choose(csl_stats(m, k, max_nnz), request, 1e-4)
+    return (spec.tile_m, spec.split_k, spec.reduction, spec.min_blocks, spec.stages, spec.grid), why
+
+
+def test_csl_choose_estimates_residency_with_every_k_tile_of_128_row_tiles():
+    # 100 x 16384, tiles of at most 1000 nonzeros (250 uint4: 8192-byte slots). The split-K rule is told the
+    # residency of 128-row tiles walking all 256 k-tiles: 33024 + 4 x 257 = 34052 bytes of W buffers and offsets,
+    # too many for four blocks (34052 + 3 x 8192 > 57088), three; the 64-row tiles then chosen walk 4 k-tiles a
+    # split and fit four
+    got, why = csl_choice(100, 16384, 1000, half())
+    assert got == (64, 64, "atomic", 4, 3, 0)
+    assert why.endswith("3-slot cp.async ring, 4 blocks per SM; 2 output tiles x split-K 64 (4 of 256 k-tiles each, "
+                        "target 16) = 128 blocks for 132 SMs x 3 resident; reduce through in-kernel fp32 atomics, the "
+                        "last block of each tile finishes (~0.6 us; measured faster than a cluster for narrow blocks)")
+
+
+def test_csl_choose_slot_from_the_fullest_tile_in_uint4():
+    # 8 columns, 64-row tiles of at most 1000 / 4 / 2 = 125 uint4: 1024 + 2000 bytes, 3072; four blocks want
+    # ceil(49152 / 12288) + 1 = 5 slots
+    got, why = csl_choice(100, 256, 1000, half(8))
+    assert got == (64, 1, "none", 4, 5, 0) and "; 64x64 tiles, 8 columns per block (1 column tile), 5-slot " in why
+    # 128-row tiles at n 16 with 250 uint4 (2048 + 4000 bytes, 6144): 4 blocks of 3 slots
+    assert csl_choice(1024, 256, 1000, half(16))[0] == (128, 1, "none", 4, 3, 0)
+
+
+def test_csl_choose_64_row_tiles_for_eight_warps_in_two_k_groups():
+    got, why = csl_choice(100, 8192, 2400, half(warps=8, warp_k=2))
+    assert got[0] == 64 and "; warps in 2 k-groups (each loads 1/2 of the X fragments); " in why
+
+
+def test_csl_choose_sizes_a_stream_k_block_by_its_share_of_the_tile_products():
+    # 8 m-tiles x 1024 k-tiles past one wave: stream-K. A block's offsets cover its share of the 8192 tile
+    # products at one block an SM (ceil(8192 / 132) = 63 k-tiles), not the 1024 of a split: four blocks of 4
+    # slots, 132 x 4 = 528 of them
+    got, why = csl_choice(1024, 65536, 256, half())
+    assert got == (128, 1, "stream", 4, 4, 528) and "8 output tiles x split-K 64 would be 512 blocks" in why
+
+
+def test_csl_choose_sizes_a_block_by_its_k_tiles_rounded_up():
+    # split_k 8 of 252 k-tiles: 32 a block (31.5 rounded up), 33024 + 4 x 33 = 33156 bytes; 2592 nonzeros are 648
+    # uint4, a slot of 4096 + 10368 = 14464 bytes: three blocks of 3 slots would need 33156 + 43392 = 76548 of
+    # 76544, so two
+    got, _ = csl_choice(4096, 252 * 64, 2592, half(split_k=8))
+    assert got[:5] == (128, 8, "cluster", 2, 3)
+
+
+def test_csl_choose_defaults_off():
+    spec, why = csl.choose(csl_stats(4096, 8192, 2400), half(), 1e-4)
+    assert (spec.strict_banks, spec.l2_prefetch, spec.wgmma) == (False, False, False) and "strictly" not in why
+    spec, _ = csl.choose(csl_stats(4096, 8192, 2400), half(l2_prefetch=True), 1e-4)
+    assert spec.l2_prefetch is True
 
 
 # ========================================================================= tiled_bitmap_spmm.py
