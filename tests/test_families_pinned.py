@@ -1766,3 +1766,65 @@ def test_bitmap_ring_for_by_hand():
     assert bitmap.ring_for(128, 32, 2400, half(stages=2)) == (4, 2)  # 2 slots when asked (Tiled-CSL: never)
     assert bitmap.ring_for(128, 32, 2400, half(blocks=2)) == (2, 4)
     assert bitmap.ring_for(128, 32, 2400, half(), blocks=1) == (1, 6)
+
+
+def test_bitmap_ring_for_fills_the_budget_to_the_byte():
+    # 8-warp blocks, 2496 values: 1024 bitmap + 64 offsets + 4992 values + 8192 X = 14272 bytes a stage; four
+    # blocks (asked) of 4 stages (asked) take 4 x 14272 = 57088, the budget of four exactly; 2504 values (one
+    # more 128-byte row): three
+    assert bitmap.stage_bytes(128, 64, 2496, 8) == 14272
+    assert bitmap.ring_for(128, 64, 2496, half(64, warps=8, blocks=4, stages=4), warps=8) == (4, 4)
+    assert bitmap.ring_for(128, 64, 2504, half(64, warps=8, blocks=4, stages=4), warps=8) == (3, 4)
+
+
+def bitmap_choice(m, k, max_nnz, density, request):
+    spec, why = bitmap.choose(csl_stats(m, k, max_nnz, density), request, 1e-4)
+    assert spec.warp_k == 1 and spec.granule == bitmap.request_granule(request)
+    return (spec.tile_m, spec.split_k, spec.reduction, spec.min_blocks, spec.stages), why
+
+
+@pytest.mark.parametrize("m, max_nnz, density, request_, choice", [
+    # n 64, a dense 128 x 64 tile among 30 % ones: 8192 values of 2 bytes, a stage of 1024 + 32 + 16384 + 8192 =
+    # 25632 bytes; 168 registers allow 3 blocks, but 3 x 3 stages (76896) pass 76544: 2 blocks of 3
+    (4096, 8192, 0.3, half(64), (128, 8, "two_step", 2, 3)),
+    # register pairs: that tile fills 8192 x (1 - 0.3 / 2) = 6963.2 -> 6968 registers of 4 bytes: 512 + 32 +
+    # 27904 + 8192 = 36640 bytes a stage, 2 blocks of 3 (109920 of 115456)
+    (4096, 8192, 0.3, half(64, granule=2), (128, 8, "two_step", 2, 3)),
+    (4096, 8192, 0.9, half(64, granule=2), (128, 8, "two_step", 2, 3)),  # 8192 x 0.55 = 4505.6 -> 4512
+    (4096, 8192, 0.9, half(32, granule=2), (128, 8, "atomic", 3, 3)),
+    # 16 columns in 64-row tiles, split_k asked (the cost model's split): up to 6 blocks of 4 warps
+    (4096, 8192, 0.3, half(16, split_k=4), (64, 4, "cluster", 6, 3)),
+    (4096, 8192, 0.3, half(32, split_k=4), (64, 4, "cluster", 4, 3)),
+    # wgmma with stages=2 asked: at least 3
+    (4096, 8192, 0.3, half(64, stages=2, wgmma=True), (128, 8, "two_step", 2, 3)),
+    (28672, 2400, 0.3, half(32, split_k=4), (128, 4, "cluster", 4, 3)),
+    (4096, 2992, 0.3, half(64, granule=2), (128, 16, "two_step", 4, 3)),
+])
+def test_bitmap_choose_by_the_fullest_tile(m, max_nnz, density, request_, choice):
+    assert bitmap_choice(m, 8192, max_nnz, density, request_)[0] == choice
+
+
+def test_bitmap_choose_one_block_more_than_registers_allow_for_wide_blocks():
+    # n 64, 2400 values: 1024 + 32 + 4864 + 8192 = 14112 bytes a stage. 168 registers allow 3 blocks; a fourth
+    # fits 57088 with 3 stages (42336), and the split model takes it
+    choice, why = bitmap_choice(4096, 8192, 2400, 0.3, half(64))
+    assert choice == (128, 16, "two_step", 4, 3)
+    assert why.startswith("4 blocks per SM; 32 output tiles x split-K 16 = 512 blocks for 132 SMs x 4 resident (one "
+                          "more than registers would allow unasked: ptxas is held to 128); ")
+    # not for 8-warp blocks, nor when blocks= or wgmma is asked
+    choice, why = bitmap_choice(4096, 8192, 8192, 0.3, half(64, warps=8))
+    assert choice == (128, 4, "two_step", 1, 3) and "one more" not in why
+    for request_ in (half(64, blocks=3), half(64, wgmma=True)):
+        choice, why = bitmap_choice(4096, 8192, 2400, 0.3, request_)
+        assert choice[3] == 3 and "one more" not in why, request_.options
+
+
+@pytest.mark.parametrize("max_nnz", [4000, 6000])
+def test_bitmap_choose_tells_the_split_the_residency_of_128_row_tiles(max_nnz):
+    # n 16: 128-row tiles take 56 + 4 x 2 x 2 + 8 + 4 + 4 = 88 registers, room for 5 blocks (6 are allowed).
+    # 4000 values: 1024 + 32 + 8064 + 2048 = 11168 bytes a stage; 6000: 15136, and 3 stages of 5 blocks take
+    # 45408 of 233472 / 5 - 1280 = 45414. Five resident either way
+    choice, why = bitmap_choice(4096, 8192, max_nnz, 0.3, half(16))
+    assert choice == (128, 8, "atomic", 5, 3)
+    assert why.startswith("5 blocks per SM; 32 output tiles x split-K 8 (16 of 128 k-tiles each, target 16) = 256 "
+                          "blocks for 132 SMs x 5 resident; ")
