@@ -99,6 +99,7 @@ def test_dense_gemm_gate_on_both_sides_of_two_fifths_of_memory():
     (req(dtype="float16", out="float32"), (4, 4), "options out='float32': cuBLAS writes Y in the input dtype here"),
     (req(shape=None), (0, 4), "empty shape 0x4"),
     (req(), (4, 0), "empty shape 4x0"),
+    (req(out="int8"), (4, 4), "options out='int8': expected one of 'bfloat16', 'float16', 'float32'"),
 ])
 def test_dense_gemm_gate_declines(request_, shape, reason):
     assert dense_gemm.gate(SimpleNamespace(shape=shape), request_).reason == reason
