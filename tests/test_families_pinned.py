@@ -99,6 +99,7 @@ def test_dense_gemm_gate_on_both_sides_of_two_fifths_of_memory():
     (req(dtype="float16", out="float32"), (4, 4), "options out='float32': cuBLAS writes Y in the input dtype here"),
     (req(shape=None), (0, 4), "empty shape 0x4"),
     (req(), (4, 0), "empty shape 4x0"),
+    (req(out="int8"), (4, 4), "options out='int8': expected one of 'bfloat16', 'float16', 'float32'"),
 ])
 def test_dense_gemm_gate_declines(request_, shape, reason):
     assert dense_gemm.gate(SimpleNamespace(shape=shape), request_).reason == reason
@@ -195,6 +196,17 @@ def test_ell_coo_cov_bounds_on_both_sides(n, cov, accepted):
         bound = 0.75 if n >= 128 else 1.3
         assert d.reason == (f"row-length CoV {cov:.2f} < {bound} (n={n}): rows 0..200 nnz are even enough for one "
                             f"pass")
+
+
+@pytest.mark.parametrize("n, bound", [(128, 0.75), (127, 1.3)])
+def test_ell_coo_reason_at_the_cov_bound_itself(n, bound):
+    # a CoV equal to the bound is inside it: accepted unasked, and the reason says ">=" even when
+    # the family is asked for by name; a hair under it only by name, and the reason says so
+    for options in ({}, {"family": "ell_coo_spmm"}):
+        d = ell._rule(ell_stats(bound), req(n=n, dtype="float16", **options))
+        assert d.reason.startswith(f"row-length CoV {bound:.2f} >= {bound} (rows 0..200 nnz, median 10): ")
+    d = ell._rule(ell_stats(bound - 1e-9), req(n=n, dtype="float16", family="ell_coo_spmm"))
+    assert d.reason.startswith(f"row-length CoV {bound:.2f} < (asked for by name) {bound} (rows 0..200 nnz, ")
 
 
 def test_ell_coo_forced_ignores_the_bounds():
@@ -324,6 +336,22 @@ def test_rowsplit_narrows_the_column_tile_for_few_rows():
     assert (spec.lanes_col, spec.lanes_k) == (16, 1)
 
 
+@pytest.mark.parametrize("mean, lanes", [(11.9, (8, 4)), (12.0, (8, 4)), (15.9, (8, 4)), (16.0, (4, 8)),
+                                         (31.9, (4, 8)), (32.0, (2, 16))])
+def test_rowsplit_narrows_while_each_lane_keeps_two_nonzeros(mean, lanes):
+    # 64 rows at n 128 (32 lanes of float4 across): each halving doubles lanes_k, allowed while the
+    # mean row holds 4 x lanes_k nonzeros (2 a lane after the doubling)
+    spec, _ = rowsplit_choice(64, mean, 128)
+    assert (spec.lanes_col, spec.lanes_k) == lanes
+
+
+@pytest.mark.parametrize("n, mean, lanes, unroll", [(8, 1.0, (2, 1), 2), (4, 1.0, (1, 1), 1), (4, 4.0, (1, 2), 2)])
+def test_rowsplit_unrolls_from_two_lanes(n, mean, lanes, unroll):
+    # a group of 2 lanes loads chunks of 2 and unrolls them; a lone lane has no chunk to unroll
+    spec, _ = rowsplit_choice(100000, mean, n)
+    assert ((spec.lanes_col, spec.lanes_k), spec.unroll) == (lanes, unroll)
+
+
 @pytest.mark.parametrize("dtype, n, mean, unroll", [("float32", 32, 128.0, 2), ("float32", 33, 128.0, 1),
                                                     ("float32", 32, 128.5, 1), ("float16", 32, 10.0, 1),
                                                     ("float32", 8, 10.0, 2)])
@@ -444,6 +472,34 @@ def test_dense_tile_sddmm_choose_by_hand(m, k, tile_m, slice_k, vec, min_blocks)
                                                                                            min_blocks)
 
 
+@pytest.mark.parametrize("k, slice_k", [(9, 16), (16, 16), (17, 24)])
+def test_dense_tile_sddmm_short_k_in_one_slice_of_whole_mma_steps(k, slice_k):
+    # k under 32: one slice, k rounded up to a multiple of 8 (an mma step)
+    assert dts.choose(sddmm_stats(640, 64, 10, 1), sddmm_req(k))[0].slice_k == slice_k
+
+
+@pytest.mark.parametrize("registers, m, tile_m, min_blocks", [
+    (16384, 640, 128, 1),  # 256 threads x 128 registers are 32768: none fit, still 1
+    (32768, 640, 128, 1),
+    (32768, 20, 32, 4),  # 64 threads: 32768 / 8192
+    (262144, 20, 32, 16),  # 32 would fit: at most 16
+])
+def test_dense_tile_sddmm_min_blocks_from_the_register_file(registers, m, tile_m, min_blocks):
+    dev = dataclasses.replace(D.default(), registers_per_sm=registers)
+    spec, _ = dts.choose(sddmm_stats(m, 64, 10, 1), Request("sddmm", k=64, dtype="float32", device=dev))
+    assert (spec.tile_m, spec.min_blocks) == (tile_m, min_blocks)
+
+
+def test_dense_tile_sddmm_fill_exactly_at_the_lowest_bound():
+    # 100 tiles of 128 x 64 at 155648 / 819200 = 0.19 fill exactly: the 19 % pair's fill is met (its 3 tiles per
+    # SM are not), so the decline names the tiles; a nonzero less is under the lowest fill
+    d = dts._rule(sddmm_stats(1280, 640, 155648, 100), sddmm_req(128))
+    assert d.reason == ("100 tiles of 128x64 for 100 SMs at 19% fill (< 3.0 per SM from 19% fill at k=128): each block "
+                        "walks all of k alone")
+    d = dts._rule(sddmm_stats(1280, 640, 155647, 100), sddmm_req(128))
+    assert d.reason == "fill of the nonempty tiles 19.0% < 19% at k=128: a B row per entry is cheaper"
+
+
 def test_dense_tile_sddmm_choose_reason():
     spec, why = dts.choose(sddmm_stats(640, 640, 114688, 50), sddmm_req(128))
     assert why == ("fill of the nonempty tiles 28% >= 28% at k=128: whole 128x64 tiles of A.B^T (up to 50 blocks, 0.5 "
@@ -555,6 +611,75 @@ def test_panel_choose_half_and_the_rows_of_a_small_matrix():
     assert spec.density == 0.01
 
 
+def panel_choice(m, k, density, n, dtype="float32", **kw):
+    return panel.choose(panel_stats(m, k, density), Request("spmm", n=n, dtype=dtype), **kw)
+
+
+def test_panel_choose_rows_of_one_lane_groups_and_of_a_few_rows():
+    # n 4 float32: one float4 lane a group, 8 warps x 32 groups = 256 groups of one row each (16 / 0.2 -> 128,
+    # at least the 256 groups' rows: rpg 1)
+    spec, why = panel_choice(1024, 4096, 0.2, 4)
+    assert (spec.vec, spec.group, spec.rpg, spec.panel_rows) == (4, 1, 1, 256)
+    # the staged pairs and the reason are sized for those 256 rows: 1.25 x 256 x 64 x 0.2 + 32 = 4128
+    assert spec.pair_cap == 4128 and why.startswith("density 0.200: panels of 256 rows share each staged X row (~51.2 ")
+    # 4 rows at n 256: 8 groups of 32 lanes; the panel wants next_pow2(4) = 4 rows, fewer than the groups: rpg 1
+    spec, _ = panel_choice(4, 4096, 0.2, 256)
+    assert (spec.group, spec.rpg, spec.panel_rows) == (32, 1, 8)
+
+
+@pytest.mark.parametrize("m, k, density, n, kc", [
+    (64, 16, 0.5, 4, 16),  # K of 16: one chunk of 16 rows, though a 4-float tile would allow 2048
+    (1024, 8, 0.5, 64, 16),  # K of 8: chunks are never under 16 rows
+    (1024, 4096, 0.01, 16, 256),  # 64-byte X rows allow 512, K 4096: at most 256 (two stages take 47 KB)
+])
+def test_panel_choose_chunk_rows(m, k, density, n, kc):
+    assert panel_choice(m, k, density, n)[0].kc == kc
+
+
+@pytest.mark.parametrize("density, kc", [(0.245, 256), (0.246, 256), (0.247, 128)])
+def test_panel_choose_keeps_a_stage_of_exactly_48_kb(density, kc):
+    # float16, n 16: 8-wide loads, 2-lane groups, 128-row panels (record stride 132 words), chunks of 256:
+    # 256 x 16 x 2 + 132 x 4 + 4 x pairs. At 24.6 % the pairs are 1.25 x 128 x 256 x 0.246 + 32 = 10108.16 ->
+    # 10108: 8192 + 528 + 40432 = 49152, one stage's budget exactly, kept; at 24.7 % 10140 pairs: halved
+    spec, _ = panel_choice(1024, 4096, density, 16, "float16")
+    assert (spec.vec, spec.group, spec.panel_rows, spec.record, spec.kc) == (8, 2, 128, 132, kc)
+    assert spec.shared_bytes <= 2 * 49152
+
+
+def test_panel_choose_one_chunk_at_least():
+    # K = 64 in chunks of 64: one chunk, in one split asked for; K = 0 still makes one chunk
+    assert panel_choice(1024, 64, 0.2, 64, splits=1)[0].cps == 1
+    spec, _ = panel_choice(1024, 0, 0.2, 64, splits=1)
+    assert (spec.kc, spec.cps, spec.splits) == (16, 1, 1)
+
+
+def test_panel_choose_counts_column_tiles_and_at_least_one_panel():
+    # n 2048: 16 column tiles of 128 x 16 panels of 64 rows = 256 blocks, past one wave of 396 / 256: no split
+    spec, why = panel_choice(1024, 4096, 0.2, 2048)
+    assert (spec.panel_rows, spec.tile_n, spec.splits, spec.cps) == (64, 128, 1, 64) and "K split" not in why
+    # 100 rows in one 128-row panel: 1024 chunks over 396 / 1 slots -> 342 splits of 3 chunks
+    spec, why = panel_choice(100, 65536, 0.2, 64)
+    assert (spec.splits, spec.cps) == (342, 3)
+    assert why.endswith("; K split 342 ways (1 panel tiles alone): 342 blocks of 3 chunks, one wave at 3 blocks per "
+                        "SM (65 KB shared memory each)")
+    # no rows: still one panel tile
+    _, why = panel_choice(0, 4096, 0.2, 64)
+    assert why.endswith("; K split 32 ways (1 panel tiles alone): 32 blocks of 1 chunks, one wave at 3 blocks per SM "
+                        "(72 KB shared memory each)")
+
+
+def test_panel_choose_density_to_three_places_and_the_split_in_the_reason():
+    assert panel_choice(1024, 4096, 0.1234, 256)[0].density == 0.123
+    spec, why = panel_choice(1024, 4096, 0.2, 256, splits=2)
+    assert why == ("density 0.200: panels of 64 rows share each staged X row (~12.8 nonzeros per row copied); 64 x 128 "
+                   "X tiles in shared memory, 4-wide loads; K split 2 ways (32 panel tiles alone): 64 blocks of 32 "
+                   "chunks, forced at 2 blocks per SM (81 KB shared memory each)")
+    spec, why = panel_choice(1024, 4096, 0.2, 256, splits=1)
+    assert spec.splits == 1
+    assert why == ("density 0.200: panels of 64 rows share each staged X row (~12.8 nonzeros per row copied); 64 x 128 "
+                   "X tiles in shared memory, 4-wide loads")
+
+
 @pytest.mark.parametrize("chunks, blocks, slots, splits", [(32, 8, 396, 32), (32, 8, 100, 12), (32, 400, 396, 1),
                                                            (32, 0, 10, 10), (1, 1, 100, 1)])
 def test_panel_choose_splits(chunks, blocks, slots, splits):
@@ -606,6 +731,49 @@ def test_dense_tile_spmm_choose_f16x3_by_hand():
 def test_takes_f16x3_on_both_sides(m, k, n, stages, big):
     # 2 m k n >= 1e9: 977 x 2000 x 256 x 2 is 1.000448e9, 976 x 2000 x 256 x 2 is 0.999424e9
     assert dtm.takes_f16x3(m, k, n, stages) is big
+
+
+def test_takes_f16x3_at_exactly_one_gflop():
+    # 2 x 15625 x 125 x 256 = 1e9 exactly (5**6 x 5**3 x 2**9): taken; one row less is 0.999936e9
+    assert dtm.takes_f16x3(15625, 125, 256) is True
+    assert dtm.takes_f16x3(15624, 125, 256) is False
+
+
+@pytest.mark.parametrize("n, tile_n", [(32, 32), (33, 64)])
+def test_dense_tile_spmm_narrow_tiles_up_to_n_32(n, tile_n):
+    assert dtm.choose(shape_stats(1024, 1024), Request("spmm", n=n))[0].tile_n == tile_n
+
+
+def test_dense_tile_spmm_tall_tiles_count_every_column_tile():
+    # n 128: two 64-column tiles a row of tiles; 264 x 2 = 528 tall tiles fill two waves of 2 x 132
+    assert dtm.choose(shape_stats(264 * 128, 64), Request("spmm", n=128))[0].tile_m == 128
+    assert dtm.choose(shape_stats(263 * 128, 64), Request("spmm", n=128))[0].tile_m == 64
+
+
+@pytest.mark.parametrize("optin, m_tiles, tile_m", [
+    (165888, 527, 64), (165888, 528, 128),  # room for exactly two 82944-byte blocks: two waves are 528 tiles
+    (165887, 263, 64), (165887, 264, 128),  # a byte short of two: one resident, two waves are 264 tiles
+])
+def test_dense_tile_spmm_tall_tiles_by_the_shared_memory_of_128_rows(optin, m_tiles, tile_m):
+    # a 128 x 64 tile's block takes 4 x 3 x (128 x 36 + 32 x 72) = 82944 bytes
+    assert dtm.shared_bytes(128, 64, 32, 3) == 82944
+    dev = dataclasses.replace(D.default(), shared_per_block_optin=optin)
+    assert dtm.choose(shape_stats(m_tiles * 128, 64), Request("spmm", n=64, device=dev))[0].tile_m == tile_m
+
+
+@pytest.mark.parametrize("k, n, w_vec, x_vec", [(1024, 64, 4, 4), (1022, 6, 2, 2), (1023, 7, 1, 1)])
+def test_dense_tile_spmm_copy_widths(k, n, w_vec, x_vec):
+    # floats per cp.async copy: the widest of 4, 2, 1 dividing a row of W (K) and of X (N)
+    spec, _ = dtm.choose(shape_stats(1024, k), Request("spmm", n=n))
+    assert (spec.w_vec, spec.x_vec) == (w_vec, x_vec)
+
+
+def test_dense_tile_spmm_reason_names_a_split_from_two():
+    _, why = dtm.choose(shape_stats(1024, 1024), Request("spmm", n=64, options=(("split_k", 1),)))
+    assert why == "64x64 tiles of Y on 3xTF32 tensor cores, W densified (4.2 MB), K in slices of 32, 3 in flight"
+    _, why = dtm.choose(shape_stats(1024, 1024), Request("spmm", n=64, options=(("split_k", 2),)))
+    assert why == ("64x64 tiles of Y on 3xTF32 tensor cores, W densified (4.2 MB), K in slices of 32, 3 in flight; K "
+                   "split 2 ways (16 tiles alone for 132 SMs): 32 blocks, sums meet in an fp32 workspace")
 
 
 @pytest.mark.parametrize("m, n, tile_m, tile_n, slices, wave, sms, split", [
@@ -671,6 +839,10 @@ def test_dense_tile_spmm_options_allowed():
     (req(n=2**16), (2**15, 2**16), "an operand past 2^31 elements needs 64-bit offsets"),
     (req(n=2**15), (2**16, 2**15), "an operand past 2^31 elements needs 64-bit offsets"),
     (req(n=2**16), (2**15, 2**15), "an operand past 2^31 elements needs 64-bit offsets"),
+    # each operand alone at 2**31 elements: W (exactly 8 GiB, not past it), X, Y
+    (req(n=8), (2**15, 2**16), "an operand past 2^31 elements needs 64-bit offsets"),
+    (req(n=2**15), (2, 2**16), "an operand past 2^31 elements needs 64-bit offsets"),
+    (req(n=2**15), (2**16, 2), "an operand past 2^31 elements needs 64-bit offsets"),
 ])
 def test_dense_tile_spmm_offer_declines(request_, shape, reason):
     assert dtm.offer(shape_stats(*shape), request_).reason == reason
@@ -680,6 +852,8 @@ def test_dense_tile_spmm_offer_at_its_limits():
     assert dtm.offer(shape_stats(4, 4), req(out="float32")).accepted
     assert dtm.offer(shape_stats(2**15, 2**16 - 1), req(n=8)).accepted  # just under 2**31 elements and 8 GiB
     assert dtm.offer(shape_stats(2**15 - 1, 2**15), req(n=2**16 - 1)).accepted
+    assert dtm.offer(shape_stats(2, 2**16 - 1), req(n=2**15)).accepted  # X one column short of 2**31 elements
+    assert dtm.offer(shape_stats(2**16 - 1, 2), req(n=2**15)).accepted  # Y one row short
     # rows past 65535 64-row tiles: the grid's y
     d = dtm.offer(shape_stats(64 * 65536, 8), req(n=8, tile_m=64))
     assert d.reason == "65536 row tiles of 64: past the grid's 65535 in y"
@@ -745,6 +919,12 @@ def test_sputnik_sddmm_choose_tile(m, nnz, empty, target, tile):
     assert ssd.choose_tile(sddmm_rows(m, 64, nnz, empty), 8, target) == tile
 
 
+@pytest.mark.parametrize("nnz, tile", [(800, 8), (850, 16), (1600, 16), (1650, 32)])
+def test_sputnik_sddmm_choose_tile_rounds_the_mean_row_up(nnz, tile):
+    # 100 rows: a mean of 8 or 16 takes that tile; 8.5 and 16.5 round up to 9 and 17, the next power of two
+    assert ssd.choose_tile(sddmm_rows(100, 64, nnz), 8, 1) == tile
+
+
 def test_sputnik_sddmm_choose_tile_stops_at_the_target():
     st = sddmm_rows(4096, 4096, 163840)
     # 32-nonzero tiles: ~7104 tiles x 8 lanes / 32 = 1776 warps
@@ -759,6 +939,14 @@ def test_sputnik_sddmm_choose_tile_stops_at_the_target():
 ])
 def test_sputnik_sddmm_choose_block(tiles, lanes, sms, block):
     assert ssd.choose_block(tiles, lanes, sms) == block
+
+
+def test_sputnik_sddmm_choose_block_takes_a_spread_of_exactly_085():
+    # 1088 tiles of 8 lanes: 17 blocks of 512 threads (64 groups), 34 of 256, 68 of 128, 136 of 64. On 20 SMs
+    # 17 / 20 = 0.85 is even enough for 512; on 21 SMs 512, 256 and 128 spread 17 / 21 = 0.81, and 64 spreads
+    # 136 / 21 / 7 = 0.93
+    assert ssd.choose_block(1088, 8, 20) == 512
+    assert ssd.choose_block(1088, 8, 21) == 64
 
 
 def test_sputnik_sddmm_choose_block_without_an_even_spread_takes_the_most_even():
@@ -800,6 +988,20 @@ def test_sputnik_sddmm_options_taken():
     assert d.reason.endswith("; 64-bit offsets (option)")
 
 
+@pytest.mark.parametrize("block, min_blocks", [(256, 2), (512, 1), (1024, 1)])
+def test_sputnik_sddmm_min_blocks_at_least_one(block, min_blocks):
+    # 65536 registers / (block x 128): 2 for 256 threads, 1 for 512, and 1 (not 0) for 1024
+    assert ssd._rule(sddmm_rows(64, 64, 640), ssd_req(64, block=block)).spec.min_blocks == min_blocks
+
+
+def test_sputnik_sddmm_reason_counts_only_the_nonempty_rows():
+    # 600 nonzeros in 100 rows, 40 of them empty: 10 a nonempty row; no nonempty row: 0
+    _, why = ssd.choose(sddmm_rows(100, 64, 600, empty=40), ssd_req(64))
+    assert "; rows avg 10.0 nnz (CoV 0.50): tiles of 8 -> ~101 tiles, 26 warps for 132 SMs; " in why
+    _, why = ssd.choose(sddmm_rows(100, 64, 0, empty=100), ssd_req(64))
+    assert "; rows avg 0.0 nnz (CoV 0.50): tiles of 8 -> ~0 tiles, 0 warps for 132 SMs; " in why
+
+
 def test_sputnik_sddmm_rule_declines():
     st = sddmm_rows(64, 64, 640)
     assert ssd._rule(st, Request("spmm", k=8)).reason == "op 'spmm' is not sddmm"
@@ -826,6 +1028,11 @@ def test_sputnik_sddmm_offsets_past_32_bits():
     assert spec.scaled and why.endswith("warps an SM")
     spec, why = ssd.choose(sddmm_rows(64, 2**24 + 1, 640), ssd_req(128))
     assert not spec.scaled and f"; {2**24 + 1} x 128 needs 64-bit offsets" in why
+    # the largest slot (n - 1) x k exactly 2**31 - 1 (a prime: k = 2**31 - 1 with 2 columns) still fits
+    d = ssd._rule(sddmm_rows(64, 2, 640), ssd_req(2**31 - 1))
+    assert d.accepted and d.spec.scaled
+    spec, why = ssd.choose(sddmm_rows(64, 3, 640), ssd_req(2**31 - 1))
+    assert not spec.scaled and why.endswith(f"; 3 x {2**31 - 1} needs 64-bit offsets")
 
 
 # ==================================================================================== _tiled.py
@@ -910,6 +1117,97 @@ def test_choose_split_takes_stream_k_past_one_wave():
     assert s.reduction == "atomic"
     s = T.choose_split(mk(300, 8192), half(16, reduction="stream"), 16, 16, 3, 1e-4)
     assert (s.reduction, s.tile_m) == ("stream", 128)
+
+
+def test_choose_split_with_no_more_than_four_k_tiles():
+    # 1 and 3 k-tiles: fewer than MIN_K_TILES_PER_SPLIT, still one split (never zero)
+    for k, k_tiles in ((64, 1), (192, 3)):
+        s = T.choose_split(mk(4096, k), half(), 32, 32, 3, 1e-4)
+        assert (s.split_k, s.reduction) == (1, "none")
+        assert s.reason == (f"32 output tiles x split-K 1 ({k_tiles} of {k_tiles} k-tiles each, target 16) = 32 "
+                            f"blocks for 132 SMs x 3 resident")
+
+
+def test_choose_split_starts_at_one_split_for_at_most_24_k_tiles():
+    # round(k_tiles / 16): 8 k-tiles round to 0 and 16 to 1; both start (and, with 256 tiles >= 132
+    # SMs, stay) at one split although 2 and 4 splits would keep 4 k-tiles each
+    for k in (512, 1024):
+        s = T.choose_split(mk(32768, k), half(), 32, 32, 3, 1e-4)
+        assert (s.split_k, s.reduction) == (1, "none")
+        assert s.reason.startswith(f"256 output tiles x split-K 1 ({k // 64} of {k // 64} k-tiles each")
+
+
+def test_choose_split_stops_raising_the_split_once_blocks_reach_the_sms():
+    # 16 k-tiles start at one split; 44 tiles x 3 = 132 blocks fill the 132 SMs exactly: 3 (6 k-tiles
+    # each); 43 tiles x 3 = 129 fall short: 4
+    s = T.choose_split(mk(44 * 128, 1024), half(), 32, 32, 3, 1e-4)
+    assert s.split_k == 3 and s.reason.startswith("44 output tiles x split-K 3 (6 of 16 k-tiles each, target 16) = "
+                                                  "132 blocks for 132 SMs")
+    s = T.choose_split(mk(43 * 128, 1024), half(), 32, 32, 3, 1e-4)
+    assert s.split_k == 4 and s.reason.startswith("43 output tiles x split-K 4 (4 of 16 k-tiles each, target 16) = "
+                                                  "172 blocks")
+
+
+def test_choose_split_counts_every_column_tile():
+    # n 64 in 32-column blocks: 32 row tiles x 2 column tiles = 64 output tiles
+    s = T.choose_split(mk(4096, 8192), half(64, bn=32), 64, 32, 3, 1e-4)
+    assert s.split_k == 8
+    assert s.reason.startswith("64 output tiles x split-K 8 (16 of 128 k-tiles each, target 16) = 512 blocks")
+
+
+def test_choose_split_takes_stream_k_only_past_one_wave():
+    # 99 tiles x split 4 = 396 blocks = 132 SMs x 3 resident: one wave exactly, split-K; 100 tiles: past it
+    s = T.choose_split(mk(99 * 128, 4096), half(16), 16, 16, 3, 1e-4, stream_bns=(16,))
+    assert (s.split_k, s.reduction) == (4, "atomic") and "= 396 blocks for 132 SMs x 3 resident" in s.reason
+    s = T.choose_split(mk(100 * 128, 4096), half(16), 16, 16, 3, 1e-4, stream_bns=(16,))
+    assert (s.split_k, s.reduction) == (1, "stream")
+    assert s.reason.startswith("100 output tiles x split-K 4 would be 400 blocks for 132 SMs x 3 resident, past one "
+                               "wave; ")
+
+
+def test_choose_split_heights_for_eight_warps_in_two_k_groups():
+    # 8 warps in 2 k-groups are 4 row groups: 64-row tiles give each 16 rows, and a short M takes them
+    # (M = 20 < 64: the 64-row tile still fits max(M, 64))
+    for m in (20, 64):
+        assert T.choose_split(mk(m, 8192), half(warps=8, warp_k=2), 32, 32, 3, 1e-4).tile_m == 64
+    assert T.choose_split(mk(20, 8192), half(warps=8, warp_k=2), 32, 32, 3, 1e-4, heights=(128, 64)).tile_m == 64
+
+
+def test_choose_split_models_a_split_or_reduction_asked_for():
+    # narrow blocks, but split_k= or a reduction other than atomics is asked: the cost model's split
+    s = T.choose_split(mk(4096, 8192), half(split_k=3), 32, 32, 3, 1e-4)
+    assert s.split_k == 3 and "(split_k as asked); predicted " in s.reason
+    s = T.choose_split(mk(4096, 8192), half(reduction="two_step"), 32, 32, 3, 1e-4)
+    assert s.reduction == "two_step" and "; predicted " in s.reason and "target 16" not in s.reason
+    s = T.choose_split(mk(4096, 8192), half(reduction="atomic"), 32, 32, 3, 1e-4)  # atomics: the narrow rule's own
+    assert (s.split_k, s.reduction) == (8, "atomic") and "target 16" in s.reason
+
+
+def tie_device(launch_s):
+    # powers of two, so the two reductions' predicted times are exact: for 1 tile of 128 x 32 and split 2,
+    # partials 4 x 2 x 128 x 32 = 2**15 bytes: atomics 2**15 / 2**39 + 8 x 128 x 32 / 2**40 = 2**-24 + 2**-25,
+    # a second launch launch_s + 2 x 2**15 / 2**40 = launch_s + 2**-24
+    dev = D.default()
+    rates = dev.rates.replace(memory=dataclasses.replace(dev.rates.memory, copy_bytes_per_s=2.0**40,
+                                                         atomic_bytes_per_s=2.0**39),
+                              launch=dataclasses.replace(dev.rates.launch, launch_s=launch_s))
+    return dataclasses.replace(dev, rates=rates)
+
+
+@pytest.mark.parametrize("launch_s, reduction", [(2.0**-25, "atomic"), (2.0**-25 - 2.0**-40, "two_step"),
+                                                 (2.0**-25 + 2.0**-40, "atomic")])
+def test_choose_split_atomics_on_a_tie_with_a_second_launch(launch_s, reduction):
+    r = Request("spmm", n=32, dtype="float16", device=tie_device(launch_s))
+    s = T.choose_split(mk(128, 512), r, 32, 32, 3, 1e-4)  # 8 k-tiles, one tile: split raised to the most, 2
+    assert (s.split_k, s.reduction) == (2, reduction)
+
+
+def test_partial_wave_factor_is_exactly_one_from_one_full_wave():
+    # a full wave is the reference itself: exactly 1, not the formula's (r + h) s r / (s r (r + h)), which
+    # rounds to 1 - 2**-52 for h = 0.1 and would tip ties between equal candidates
+    assert T.partial_wave_factor(396, 132, 3, 0.1) == 1.0
+    assert T.partial_wave_factor(396, 132, 3, 1.3) == 1.0
+    assert T.partial_wave_factor(395, 132, 3, 0.1) == pytest.approx(3.1 * 396 / (395 * 3.1), rel=1e-15)
 
 
 def test_partial_wave_factor_by_hand():
@@ -1014,6 +1312,29 @@ def test_tiled_gate_accepts_at_its_limits():
               half(reduction="stream"), half(32, reduction="stream", bn=32), half(64, tile_m=256, warps=8),
               half(64, tile_m=128)):
         assert T.gate(gate_stats(), r) is None, r.options
+
+
+def test_tiled_gate_row_groups_and_thread_slots():
+    st = gate_stats()
+    # 8 warps in 2 (or 4) k-groups are 4 (2) row groups: 64-row tiles give each 16 rows or more
+    assert T.gate(st, half(tile_m=64, warps=8, warp_k=2)) is None
+    assert T.gate(st, half(tile_m=64, warps=8, warp_k=4)) is None
+    # resident blocks asked for, against thread slots: 4096 a SM hold 32 blocks of 128 threads
+    dev = dataclasses.replace(D.default(), max_threads_per_sm=4096)
+    assert T.gate(st, Request("spmm", n=32, dtype="float16", device=dev, options=(("blocks", 32),))) is None
+    d = T.gate(st, Request("spmm", n=32, dtype="float16", device=dev, options=(("blocks", 33),)))
+    assert d.reason == "options blocks=33: expected resident blocks per SM, an integer from 1 to 32 for 4-warp blocks"
+
+
+def test_tiled_gate_counts_accumulators_at_the_default_height():
+    # no tile_m asked: the chooser's tallest unasked height, 128 rows; 4 warps in 4 k-groups are one row
+    # group of 8 m16 fragments x 8 n8 fragments x 4 = 256 accumulators
+    d = T.gate(gate_stats(), half(64, warp_k=4))
+    assert d.reason == ("options tile_m=128, warps=4, warp_k=4 with 64 columns per block: 256 fp32 accumulators per "
+                        "thread, at most 64 (spills); more row groups (options warps=8, fewer k-groups) divide them")
+    assert T.gate(gate_stats(), half(64, warp_k=2)).reason.startswith("options tile_m=128, warps=4, warp_k=2 with 64 "
+                                                                      "columns per block: 128 fp32 accumulators")
+    assert T.gate(gate_stats(), half(32, warp_k=2)) is None  # 4 x 4 x 4 = 64: at the limit
 
 
 def test_tiled_gate_density_n_and_sizes_on_both_sides():
@@ -1200,6 +1521,34 @@ def test_sputnik_choose_balanced_for_few_skewed_rows():
     assert spec.budget == 0  # float16 splits alike
 
 
+@pytest.mark.parametrize("m, mean, longest, balanced", [
+    (4223, 50.0, 2000, True), (4224, 50.0, 2000, False),  # fewer rows than the 4224 groups a column tile may take
+    (100, 300.0, 600, True), (100, 300.0, 599, False),  # the longest row at least twice the mean
+    (100, 100.0, 513, True), (100, 100.0, 512, False),  # and longer than a chunk x the alike split (32 x 16)
+])
+def test_sputnik_choose_splits_per_row_on_both_sides_of_each_skew_bound(m, mean, longest, balanced):
+    # fp32, n 128: one column tile of 32 threads; 132 SMs x 32 warps = 4224 row groups a tile
+    spec, why = sput.choose(sput_stats(m, 4096, mean, cov=3.0, longest=longest), Request("spmm", n=128))
+    assert spec.budget == (4224 if balanced else 0)
+    assert ("each row split over the fewest row groups" in why) is balanced
+
+
+def test_sputnik_choose_reason_names_a_split_from_two_groups():
+    # 2000 rows at n 128: 2 x 2000 warps stay within 4224, 4 x 2000 do not: 2 groups a row, said so
+    spec, why = sput.choose(sput_stats(2000, 4096, 50.0), Request("spmm", n=128))
+    assert spec.ksplit == 2
+    assert why == ("rows avg 50.0 nnz (CoV 0.05), n=128: 4-wide loads, 32 threads x 128 columns per row group (1 tile), "
+                   "2 groups per row (2000 rows alone give 2000 warps; split while the grid stays within 4224 for 132 "
+                   "SMs); 32-nonzero chunks by 1-wide loads, 16 loads of X in flight; 32-bit indices pre-scaled by n; "
+                   "rows in order")
+    # 5000 rows: unsplit, and the reason has no split in it
+    spec, why = sput.choose(sput_stats(5000, 4096, 50.0), Request("spmm", n=128))
+    assert spec.ksplit == 1
+    assert why == ("rows avg 50.0 nnz (CoV 0.05), n=128: 4-wide loads, 32 threads x 128 columns per row group (1 tile); "
+                   "32-nonzero chunks by 1-wide loads, 16 loads of X in flight; 32-bit indices pre-scaled by n; rows "
+                   "in order")
+
+
 def test_sputnik_choose_indices_and_prefetch():
     spec, why = sput.choose(sput_stats(5000, 32767, 10.0), Request("spmm", n=32, dtype="float16"))
     assert (spec.index_bits, spec.prescaled, spec.prefetch) == (16, False, False) and "16-bit indices; " in why
@@ -1271,6 +1620,18 @@ def test_sputnik_measured_region_on_both_sides():
                              "csr_rowsplit")
     assert not sput._rule(sput_stats(5000, 4096, 128.0), req(n=127, dtype="float16")).accepted
     assert sput._rule(sput_stats(5000, 4096, 10.0), req(n=32, family="sputnik_spmm")).accepted
+    # float32 at n 32 (8-thread groups, 4 a warp): rows of 128 split in two while 2 x m / 4 warps stay within 4224
+    for m, split in ((5000, 2), (8448, 2), (8449, 1)):
+        d = sput._rule(sput_stats(m, 4096, 128.0), req(n=32))
+        assert d.accepted is (split == 2) and (d.spec is None or d.spec.ksplit == split), m
+
+
+def test_sputnik_index_slack_of_a_whole_vector():
+    # indices and values are padded by up to 8 entries: nnz + 8 must stay under 2**31
+    rl = sput_stats(5000, 4096, 200.0).row_lengths
+    assert sput._rule(SimpleNamespace(shape=(4, 4), nnz=2**31 - 9, row_lengths=rl), req(n=128)).accepted
+    assert sput._rule(SimpleNamespace(shape=(4, 4), nnz=2**31 - 8, row_lengths=rl), req(n=128)).reason == (
+        "matrix needs 64-bit indices")
 
 
 # ============================================================================ tiled_csl_spmm.py
@@ -1292,6 +1653,20 @@ def test_csl_ring_for_by_hand():
     assert csl.ring_for(128, 32, 600, 16, half(blocks=1)) == (1, 5, 600)
     # wgmma keeps a slot one tile longer: at least 4, so two blocks
     assert csl.ring_for(128, 32, 600, 16, half(wgmma=True)) == (2, 4, 600)
+
+
+def test_csl_ring_for_fits_the_tile_offsets_to_the_byte():
+    # 105 uint4 a slot: 4096 + 1680 bytes, 46 rows of 128 = 5888; 96 registers a thread allow 5 blocks, at most 4.
+    # Four blocks have 233472 / 4 - 1024 - 256 = 57088 bytes each and want ceil(49152 / (4 x 5888)) + 1 = 4 slots.
+    # 127 k-tiles a split: W buffers 33024 + 4 x 128 offsets = 33536, + 4 x 5888 = 57088 exactly: four blocks.
+    # 128 k-tiles: 4 bytes more, three blocks (4 slots in 76544)
+    assert csl.ring_for(128, 32, 105, 127, half()) == (4, 4, 105)
+    assert csl.ring_for(128, 32, 105, 128, half()) == (3, 4, 105)
+
+
+def test_csl_ring_for_a_slot_of_one_vector_at_least():
+    # a matrix without nonzeros: its slots still hold one uint4 of words
+    assert csl.ring_for(128, 32, 0, 16, half()) == (4, 4, 1)
 
 
 def test_csl_ring_for_caps_a_slot_at_what_fits():
@@ -1319,6 +1694,68 @@ def test_csl_choose_reason():
     assert why.endswith("; strictly bank-conflict-free scatter (padded banks)")
 
 
+def csl_stats(m, k, max_nnz, density=0.3):
+    tiles = -(-m // 128) * -(-k // 64)
+    return SimpleNamespace(shape=(m, k), density=density, nnz=int(m * k * density),
+                           tiles=SimpleNamespace(max_nnz=max_nnz, tile_rows=128, tile_cols=64, tiles=tiles,
+                                                 nonempty=tiles, density_hist=(0, 0, 0, tiles) + (0,) * 6,
+                                                 density_means=(0.0, 0.0, 0.0, density) + (0.0,) * 6))
+
+
+def csl_choice(m, k, max_nnz, request):
+    spec, why = csl.choose(csl_stats(m, k, max_nnz), request, 1e-4)
+    return (spec.tile_m, spec.split_k, spec.reduction, spec.min_blocks, spec.stages, spec.grid), why
+
+
+def test_csl_choose_estimates_residency_with_every_k_tile_of_128_row_tiles():
+    # 100 x 16384, tiles of at most 1000 nonzeros (250 uint4: 8192-byte slots). The split-K rule is told the
+    # residency of 128-row tiles walking all 256 k-tiles: 33024 + 4 x 257 = 34052 bytes of W buffers and offsets,
+    # too many for four blocks (34052 + 3 x 8192 > 57088), three; the 64-row tiles then chosen walk 4 k-tiles a
+    # split and fit four
+    got, why = csl_choice(100, 16384, 1000, half())
+    assert got == (64, 64, "atomic", 4, 3, 0)
+    assert why.endswith("3-slot cp.async ring, 4 blocks per SM; 2 output tiles x split-K 64 (4 of 256 k-tiles each, "
+                        "target 16) = 128 blocks for 132 SMs x 3 resident; reduce through in-kernel fp32 atomics, the "
+                        "last block of each tile finishes (~0.6 us; measured faster than a cluster for narrow blocks)")
+
+
+def test_csl_choose_slot_from_the_fullest_tile_in_uint4():
+    # 8 columns, 64-row tiles of at most 1000 / 4 / 2 = 125 uint4: 1024 + 2000 bytes, 3072; four blocks want
+    # ceil(49152 / 12288) + 1 = 5 slots
+    got, why = csl_choice(100, 256, 1000, half(8))
+    assert got == (64, 1, "none", 4, 5, 0) and "; 64x64 tiles, 8 columns per block (1 column tile), 5-slot " in why
+    # 128-row tiles at n 16 with 250 uint4 (2048 + 4000 bytes, 6144): 4 blocks of 3 slots
+    assert csl_choice(1024, 256, 1000, half(16))[0] == (128, 1, "none", 4, 3, 0)
+
+
+def test_csl_choose_64_row_tiles_for_eight_warps_in_two_k_groups():
+    got, why = csl_choice(100, 8192, 2400, half(warps=8, warp_k=2))
+    assert got[0] == 64 and "; warps in 2 k-groups (each loads 1/2 of the X fragments); " in why
+
+
+def test_csl_choose_sizes_a_stream_k_block_by_its_share_of_the_tile_products():
+    # 8 m-tiles x 1024 k-tiles past one wave: stream-K. A block's offsets cover its share of the 8192 tile
+    # products at one block an SM (ceil(8192 / 132) = 63 k-tiles), not the 1024 of a split: four blocks of 4
+    # slots, 132 x 4 = 528 of them
+    got, why = csl_choice(1024, 65536, 256, half())
+    assert got == (128, 1, "stream", 4, 4, 528) and "8 output tiles x split-K 64 would be 512 blocks" in why
+
+
+def test_csl_choose_sizes_a_block_by_its_k_tiles_rounded_up():
+    # split_k 8 of 252 k-tiles: 32 a block (31.5 rounded up), 33024 + 4 x 33 = 33156 bytes; 2592 nonzeros are 648
+    # uint4, a slot of 4096 + 10368 = 14464 bytes: three blocks of 3 slots would need 33156 + 43392 = 76548 of
+    # 76544, so two
+    got, _ = csl_choice(4096, 252 * 64, 2592, half(split_k=8))
+    assert got[:5] == (128, 8, "cluster", 2, 3)
+
+
+def test_csl_choose_defaults_off():
+    spec, why = csl.choose(csl_stats(4096, 8192, 2400), half(), 1e-4)
+    assert (spec.strict_banks, spec.l2_prefetch, spec.wgmma) == (False, False, False) and "strictly" not in why
+    spec, _ = csl.choose(csl_stats(4096, 8192, 2400), half(l2_prefetch=True), 1e-4)
+    assert spec.l2_prefetch is True
+
+
 # ========================================================================= tiled_bitmap_spmm.py
 
 def test_bitmap_ring_for_by_hand():
@@ -1330,3 +1767,65 @@ def test_bitmap_ring_for_by_hand():
     assert bitmap.ring_for(128, 32, 2400, half(stages=2)) == (4, 2)  # 2 slots when asked (Tiled-CSL: never)
     assert bitmap.ring_for(128, 32, 2400, half(blocks=2)) == (2, 4)
     assert bitmap.ring_for(128, 32, 2400, half(), blocks=1) == (1, 6)
+
+
+def test_bitmap_ring_for_fills_the_budget_to_the_byte():
+    # 8-warp blocks, 2496 values: 1024 bitmap + 64 offsets + 4992 values + 8192 X = 14272 bytes a stage; four
+    # blocks (asked) of 4 stages (asked) take 4 x 14272 = 57088, the budget of four exactly; 2504 values (one
+    # more 128-byte row): three
+    assert bitmap.stage_bytes(128, 64, 2496, 8) == 14272
+    assert bitmap.ring_for(128, 64, 2496, half(64, warps=8, blocks=4, stages=4), warps=8) == (4, 4)
+    assert bitmap.ring_for(128, 64, 2504, half(64, warps=8, blocks=4, stages=4), warps=8) == (3, 4)
+
+
+def bitmap_choice(m, k, max_nnz, density, request):
+    spec, why = bitmap.choose(csl_stats(m, k, max_nnz, density), request, 1e-4)
+    assert spec.warp_k == 1 and spec.granule == bitmap.request_granule(request)
+    return (spec.tile_m, spec.split_k, spec.reduction, spec.min_blocks, spec.stages), why
+
+
+@pytest.mark.parametrize("m, max_nnz, density, request_, choice", [
+    # n 64, a dense 128 x 64 tile among 30 % ones: 8192 values of 2 bytes, a stage of 1024 + 32 + 16384 + 8192 =
+    # 25632 bytes; 168 registers allow 3 blocks, but 3 x 3 stages (76896) pass 76544: 2 blocks of 3
+    (4096, 8192, 0.3, half(64), (128, 8, "two_step", 2, 3)),
+    # register pairs: that tile fills 8192 x (1 - 0.3 / 2) = 6963.2 -> 6968 registers of 4 bytes: 512 + 32 +
+    # 27904 + 8192 = 36640 bytes a stage, 2 blocks of 3 (109920 of 115456)
+    (4096, 8192, 0.3, half(64, granule=2), (128, 8, "two_step", 2, 3)),
+    (4096, 8192, 0.9, half(64, granule=2), (128, 8, "two_step", 2, 3)),  # 8192 x 0.55 = 4505.6 -> 4512
+    (4096, 8192, 0.9, half(32, granule=2), (128, 8, "atomic", 3, 3)),
+    # 16 columns in 64-row tiles, split_k asked (the cost model's split): up to 6 blocks of 4 warps
+    (4096, 8192, 0.3, half(16, split_k=4), (64, 4, "cluster", 6, 3)),
+    (4096, 8192, 0.3, half(32, split_k=4), (64, 4, "cluster", 4, 3)),
+    # wgmma with stages=2 asked: at least 3
+    (4096, 8192, 0.3, half(64, stages=2, wgmma=True), (128, 8, "two_step", 2, 3)),
+    (28672, 2400, 0.3, half(32, split_k=4), (128, 4, "cluster", 4, 3)),
+    (4096, 2992, 0.3, half(64, granule=2), (128, 16, "two_step", 4, 3)),
+])
+def test_bitmap_choose_by_the_fullest_tile(m, max_nnz, density, request_, choice):
+    assert bitmap_choice(m, 8192, max_nnz, density, request_)[0] == choice
+
+
+def test_bitmap_choose_one_block_more_than_registers_allow_for_wide_blocks():
+    # n 64, 2400 values: 1024 + 32 + 4864 + 8192 = 14112 bytes a stage. 168 registers allow 3 blocks; a fourth
+    # fits 57088 with 3 stages (42336), and the split model takes it
+    choice, why = bitmap_choice(4096, 8192, 2400, 0.3, half(64))
+    assert choice == (128, 16, "two_step", 4, 3)
+    assert why.startswith("4 blocks per SM; 32 output tiles x split-K 16 = 512 blocks for 132 SMs x 4 resident (one "
+                          "more than registers would allow unasked: ptxas is held to 128); ")
+    # not for 8-warp blocks, nor when blocks= or wgmma is asked
+    choice, why = bitmap_choice(4096, 8192, 8192, 0.3, half(64, warps=8))
+    assert choice == (128, 4, "two_step", 1, 3) and "one more" not in why
+    for request_ in (half(64, blocks=3), half(64, wgmma=True)):
+        choice, why = bitmap_choice(4096, 8192, 2400, 0.3, request_)
+        assert choice[3] == 3 and "one more" not in why, request_.options
+
+
+@pytest.mark.parametrize("max_nnz", [4000, 6000])
+def test_bitmap_choose_tells_the_split_the_residency_of_128_row_tiles(max_nnz):
+    # n 16: 128-row tiles take 56 + 4 x 2 x 2 + 8 + 4 + 4 = 88 registers, room for 5 blocks (6 are allowed).
+    # 4000 values: 1024 + 32 + 8064 + 2048 = 11168 bytes a stage; 6000: 15136, and 3 stages of 5 blocks take
+    # 45408 of 233472 / 5 - 1280 = 45414. Five resident either way
+    choice, why = bitmap_choice(4096, 8192, max_nnz, 0.3, half(16))
+    assert choice == (128, 8, "atomic", 5, 3)
+    assert why.startswith("5 blocks per SM; 32 output tiles x split-K 8 (16 of 128 k-tiles each, target 16) = 256 "
+                          "blocks for 132 SMs x 5 resident; ")

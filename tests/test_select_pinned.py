@@ -1014,6 +1014,53 @@ def test_half_dense_keeps_picks_inside_the_sparse_error_on_both_sides(path):
             assert ("inside its" in sel.reason) is dense_wins and ("past its" in sel.reason) is not dense_wins
 
 
+def sparse_crossover(dev, n, lo, hi):
+    """The density in (lo, hi) where the skinny model's fastest sparse candidate changes, found by
+    bisection on the model: (density a hair below, a hair above, the candidate below, above)."""
+    def best(d):
+        return S.compare(uniform_stats(7168, 7168, d), Request("spmm", n=n, dtype="float16", device=dev)).best_sparse()
+
+    below, above = best(lo).family, best(hi).family
+    assert below != above, (lo, hi, below)
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if best(mid).family == below else (lo, mid)
+    return lo, hi, below, above
+
+
+def check_sparse_sides(dev, n, lo, hi, below, above):
+    """On each side the candidate is predicted faster than the other one, the model's winner (not
+    dense), and the family selected (a CSR kernel for the CSR line)."""
+    for d, fast, slow in ((lo, below, above), (hi, above, below)):
+        c = S.compare(uniform_stats(7168, 7168, d), Request("spmm", n=n, dtype="float16", device=dev))
+        assert c.get(fast).seconds < c.get(slow).seconds and c.winner().family == fast, d
+        family = table.select_request(uniform_stats(7168, 7168, d), Request("spmm", n=n, dtype="float16",
+                                                                              device=dev)).spec.family
+        assert family == fast if fast != S.CSR else family in ("csr_rowsplit", "sputnik_spmm", "ell_coo_spmm"), d
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_half_tiled_csl_against_bitmap_on_both_sides(path):
+    """7168 x 7168 at n = 8: Tiled-CSL is predicted faster at 10 %, the bitmap at 11 %; the density
+    where they cross, a hair below and a hair above."""
+    dev = shipped_device(path)
+    with pinned_library("torch"):
+        lo, hi, below, above = sparse_crossover(dev, 8, 0.10, 0.11)
+        assert (below, above) == ("tiled_csl_spmm", "tiled_bitmap_spmm")
+        check_sparse_sides(dev, 8, lo, hi, below, above)
+
+
+def test_half_csr_kernels_against_the_tiles_on_both_sides():
+    """On the H100's rates at n = 64 the CSR line is predicted faster than the tiles at 5 % and
+    Tiled-CSL at 6 %: the crossing, a hair below and a hair above (the H200's rates have dense
+    cuBLAS ahead of both there)."""
+    dev = shipped_device(R.SHIPPED / "h100-80gb-hbm3.json")
+    with pinned_library("torch"):
+        lo, hi, below, above = sparse_crossover(dev, 64, 0.05, 0.06)
+        assert (below, above) == (S.CSR, "tiled_csl_spmm")
+        check_sparse_sides(dev, 64, lo, hi, below, above)
+
+
 # ================================================================== more of skinny_cost and table
 
 def test_selection_values_are_frozen():
