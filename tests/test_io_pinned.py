@@ -1065,7 +1065,9 @@ def test_idx_byte_counts_on_both_sides(tmp_path, compress):
     assert (e.expected, e.found) == ("4 bytes of pixels for 1 images of 2x2", "3 bytes (truncated)")
 
 
-def test_idx_plain_file_size_settles_truncation_before_reading(tmp_path, monkeypatch):
+@pytest.fixture
+def source_reads(monkeypatch):
+    """The sizes asked of `_files.Source.read`, in order, the reads themselves done."""
     reads = []
     real = _files.Source.read
 
@@ -1073,6 +1075,11 @@ def test_idx_plain_file_size_settles_truncation_before_reading(tmp_path, monkeyp
         reads.append(n)
         return real(self, n)
     monkeypatch.setattr(_files.Source, "read", read)
+    return reads
+
+
+def test_idx_plain_file_size_settles_truncation_before_reading(tmp_path, source_reads):
+    reads = source_reads
     e = error(idx.read, idx_file(tmp_path, 1000, 100, 100, PIXELS))
     assert e.found == "8 bytes (truncated)"
     assert reads == [16]
@@ -1976,14 +1983,8 @@ def test_idx_magics_next_to_the_known_ones_are_unknown(tmp_path, magic):
     assert error(idx.read, p).found == f"magic {magic} = 0x{magic:08x} (an unknown magic)"
 
 
-def test_idx_truncation_by_one_byte_is_settled_before_reading(tmp_path, monkeypatch):
-    reads = []
-    real = _files.Source.read
-
-    def read(self, n):
-        reads.append(n)
-        return real(self, n)
-    monkeypatch.setattr(_files.Source, "read", read)
+def test_idx_truncation_by_one_byte_is_settled_before_reading(tmp_path, source_reads):
+    reads = source_reads
     e = error(idx.read, idx_file(tmp_path, 1, 3, 3, bytes(8)))  # 9 bytes of pixels needed, 8 there
     assert (e.expected, e.found) == ("9 bytes of pixels for 1 images of 3x3", "8 bytes (truncated)")
     assert reads == [16]

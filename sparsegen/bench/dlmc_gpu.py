@@ -114,7 +114,7 @@ class _GpuMatrix:
             return relative_error(y.index_select(1, cols_t).double().cpu().numpy(), ref)
 
         rec = {"ms": {}, "ms_min": {}, "baseline_error": {}, "checked_columns": int(len(cols))}
-        self._sparsegen(rec, case, {"op": "spmm", "n": n, "dtype": case.dtype},
+        self._sparsegen(rec, case, case.request,
                         lambda r, name, k, times: ex.measure_spmm(r, name, k, x, check_torch, M, times=times))
         A_sp = t["sparse"]
         ex.baseline(rec, "cusparse", lambda: torch.mm(A_sp, x), check_torch)
@@ -190,7 +190,7 @@ class _GpuMatrix:
 
         rec = {"ms": {}, "ms_min": {}, "baseline_error": {}, "checked_columns": None,
                "checked_nnz": int(len(idx))}
-        self._sparsegen(rec, case, {"op": "sddmm", "k": k, "dtype": case.dtype},
+        self._sparsegen(rec, case, case.request,
                         lambda r, name, kern, times: ex.measure(r, name, lambda: kern(a, b), check_vals, times=times))
         pattern = t["sparse"]
         bt = b.t()
