@@ -25,13 +25,13 @@ import math
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_CASES = [REPO / "benchmarks" / "results" / "h100-80gb-hbm3" / "graphchallenge.json"]
+DEFAULT_CASES = [REPO / "benchmarks" / "results" / "h200" / "graphchallenge" / "graphchallenge.json"]
 CHALLENGE_INPUTS = 60000
 # Hidayetoglu et al., HPEC 2020 (arXiv 2007.14152): up to 180 TeraEdges/s on 768 V100s of Summit
 SUMMIT = {"gpus": 768, "teraedges_per_s": 180.0}
@@ -39,10 +39,12 @@ SUMMIT = {"gpus": 768, "teraedges_per_s": 180.0}
 
 @dataclass(frozen=True)
 class Times:
-    """t(rows) = floor_s + rows · per_row_s for one layer on one GPU."""
+    """t(rows) = floor_s + rows · per_row_s for one layer on one GPU; segment_s: a rank's host time
+    for each segment it runs (its device buffers, its rows to the device and back, the result)."""
 
     floor_s: float
     per_row_s: float
+    segment_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -89,9 +91,10 @@ def predict(rows, width: int, inputs: int, edges: int, p: int, times: Times, lin
     rows = np.asarray(rows, np.float64)
     layers = rows.size
     slow = slowest_rows(rows, inputs, p)
-    boundary_s, moves = 0.0, 0
+    boundary_s, moves, segments = 0.0, 0, 1
     b = first
     while rebalance and p > 1 and b < layers:  # over the doubling boundaries
+        segments += 1
         excess = slow[b - 1] - math.ceil(rows[b - 1] / p)
         saving = excess * (layers - b) * times.per_row_s
         cost = excess * (4 * width + 8) / link.bandwidth + link.latency * (math.log2(p) + 2)
@@ -108,8 +111,10 @@ def predict(rows, width: int, inputs: int, edges: int, p: int, times: Times, lin
         b *= 2
     compute = float(np.sum(np.where(rows > 0, times.floor_s, 0.0) + slow * times.per_row_s))
     gather = link.latency * math.log2(max(p, 2)) + 8 * rows[-1] / link.bandwidth if p > 1 else 0.0
-    total = compute + boundary_s + gather
+    host = segments * times.segment_s
+    total = compute + boundary_s + gather + host
     return {"ranks": p, "time_ms": 1e3 * total, "slowest_row_layers": float(slow.sum()), "compute_ms": 1e3 * compute,
+            "host_ms": 1e3 * host, "segments": segments,
             "boundaries_ms": 1e3 * boundary_s, "gather_ms": 1e3 * gather, "moves": moves, "teraedges_per_s": inputs * edges / total / 1e12,
             "slowest_rows_first_layer": int(slow[0])}
 
@@ -131,9 +136,12 @@ def cases(paths, deepen=(), floor_s: float = 10e-6):
                 continue
             alive = np.array(c["alive_per_layer"], np.float64)
             rows = np.concatenate([[c["inputs"]], alive[:-1]])
+            split = c.get("layer_ms", {}).get("converge_off") if isinstance(c.get("layer_ms"), dict) else None
+            layer_s = np.array([sum(d.values()) for d in split]) / 1e3 if split and len(split) == rows.size else None
             out.append({"name": c["id"], "rows": rows, "inputs": c["inputs"], "width": c["neurons"],
                         "edges": c["edges"], "seconds": off / 1e3, "converge_on": on,
-                        "distinct": c.get("distinct_per_layer"), "layers_run": c.get("layers_run")})
+                        "distinct": c.get("distinct_per_layer"), "layers_run": c.get("layers_run"),
+                        "layer_s": layer_s})
     for case in [c for c in out if len(c["rows"]) == 120]:
         for layers in deepen:
             rows = np.concatenate([case["rows"], np.full(layers - 120, case["rows"][-1])])
@@ -145,7 +153,11 @@ def cases(paths, deepen=(), floor_s: float = 10e-6):
 
 
 def times_of(case, floor_s: float) -> Times:
-    """The case's per-row cost with a given launch floor (fitted where converge on and off were both run)."""
+    """The case's floor and per-row cost: fitted to its layers one by one where the run timed each
+    (converge off: every alive row computed), else to its converge on and off totals, else its
+    per-row cost under a given floor."""
+    if case.get("layer_s") is not None:
+        return fit_times([(1, r, t) for r, t in zip(case["rows"], case["layer_s"])])
     if case["converge_on"] and case["distinct"]:
         return fit_times([(len(case["rows"]), case["rows"].sum(), case["seconds"]),
                           (case["layers_run"], sum(case["distinct"]), case["converge_on"] / 1e3)])
@@ -155,21 +167,29 @@ def times_of(case, floor_s: float) -> Times:
 
 def cmd_predict(a) -> int:
     link = Link(a.bandwidth * 1e9, a.latency * 1e-6, a.staging * 1e9)
-    print(f"link: {a.bandwidth:g} GB/s, {a.latency:g} us, staging {a.staging:g} GB/s; inputs scaled to "
-          f"{CHALLENGE_INPUTS}; Summit (768 V100, HPEC 2020): up to {SUMMIT['teraedges_per_s']:g} TeraEdges/s\n")
-    print("| network | floor us | per row-layer ns | P | time ms | TE/s | efficiency | TE/s rebalanced | moves |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"link: {a.bandwidth:g} GB/s, {a.latency:g} us, staging {a.staging:g} GB/s; host {a.segment:g} us a "
+          f"segment; inputs scaled to {CHALLENGE_INPUTS}; Summit (768 V100, HPEC 2020): up to "
+          f"{SUMMIT['teraedges_per_s']:g} TeraEdges/s\n")
+    print("| network | floor us | per row-layer ns | P | converge off ms | TE/s | efficiency | TE/s rebalanced | "
+          "moves | converge on ms | TE/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for case in cases(a.cases, a.deepen, a.floor * 1e-6):
-        t = times_of(case, a.floor * 1e-6)
+        t = replace(times_of(case, a.floor * 1e-6), segment_s=a.segment * 1e-6)
         scale = CHALLENGE_INPUTS / case["inputs"]
         rows = case["rows"] * scale
+        # converge on, per rank: the layers the one-GPU run computed, on the rank's share of the alive
+        # rows (the copies it would find among its own rows are not counted: an upper bound)
+        ran = np.asarray(case["distinct"] or [1] * rows.size) > 0
+        rows_on = np.where(ran, rows, 0.0)
         base = predict(rows, case["width"], CHALLENGE_INPUTS, case["edges"], 1, t, link)
         for p in a.ranks:
             off = predict(rows, case["width"], CHALLENGE_INPUTS, case["edges"], p, t, link)
-            on = predict(rows, case["width"], CHALLENGE_INPUTS, case["edges"], p, t, link, rebalance=True)
+            moved = predict(rows, case["width"], CHALLENGE_INPUTS, case["edges"], p, t, link, rebalance=True)
+            on = predict(rows_on, case["width"], CHALLENGE_INPUTS, case["edges"], p, t, link)
             eff = base["time_ms"] / (p * off["time_ms"])
             print(f"| {case['name']} | {1e6 * t.floor_s:.1f} | {1e9 * t.per_row_s:.2f} | {p} | {off['time_ms']:.3f} | "
-                  f"{off['teraedges_per_s']:.1f} | {100 * eff:.1f} % | {on['teraedges_per_s']:.1f} | {on['moves']} |")
+                  f"{off['teraedges_per_s']:.1f} | {100 * eff:.1f} % | {moved['teraedges_per_s']:.1f} | "
+                  f"{moved['moves']} | {on['time_ms']:.3f} | {on['teraedges_per_s']:.1f} |")
     return 0
 
 
@@ -196,19 +216,21 @@ def cmd_validate(a) -> int:
     inputs.write_bytes(gzip.decompress((data / "sparse-images-1024-first1200.tsv.gz").read_bytes()))
     common = ["--weights", str(data), "--inputs", str(inputs), "--backend", a.backend, "--converge", "off",
               "--rebalance", a.rebalance, "--layers", str(a.layers)]
-    fits = []
+    fits, hosts = [], []
     for count in (a.count // 2, a.count):
         r = mpirun(1, [*common, "--count", str(count)])
         fits.append((r["layers"], r["rows_computed"], r["ranks"][0]["compute_ms"] / 1e3))
-    t = fit_times(fits)
+        hosts.append(r["ranks"][0]["staging_ms"] / 1e3 / max(1, r["ranks"][0]["segments"]))
+    t = replace(fit_times(fits), segment_s=float(np.mean(hosts)))
     r1 = mpirun(1, [*common, "--count", str(a.count)])
     rows = np.concatenate([[a.count], np.array(r1["alive_per_layer"][:-1], np.float64)])
     link = Link(a.bandwidth * 1e9, a.latency * 1e-6, a.staging * 1e9)
     print(f"fit from 1 rank at {a.count // 2} and {a.count} inputs: floor {1e6 * t.floor_s:.1f} us, "
-          f"per row-layer {1e6 * t.per_row_s:.2f} us ({a.backend})")
+          f"per row-layer {1e6 * t.per_row_s:.2f} us, host {1e6 * t.segment_s:.0f} us a segment ({a.backend})")
     print("| ranks | slowest rank's row-layers predicted | measured (max over ranks) | predicted ms | measured ms "
-          "(slowest rank) | compute ms | T1/TP predicted | T1/TP measured |")
-    print("|---|---|---|---|---|---|---|---|")
+          "(slowest rank) | compute ms predicted / measured | host ms predicted / measured | T1/TP predicted | "
+          "T1/TP measured |")
+    print("|---|---|---|---|---|---|---|---|---|")
     t1p = t1m = None
     for p in a.ranks:
         pred = predict(rows, 1024, a.count, r1["edges"], p, t, link, rebalance=a.rebalance != "off")
@@ -217,7 +239,8 @@ def cmd_validate(a) -> int:
         t1p, t1m = t1p or pred["time_ms"], t1m or slowest["time_ms"]
         most = max(k["rows_computed"] for k in run["ranks"])
         print(f"| {p} | {pred['slowest_row_layers']:.0f} | {most} | {pred['time_ms']:.1f} | {slowest['time_ms']:.1f} | "
-              f"{slowest['compute_ms']:.1f} | {t1p / pred['time_ms']:.2f} | {t1m / slowest['time_ms']:.2f} |")
+              f"{pred['compute_ms']:.1f} / {slowest['compute_ms']:.1f} | {pred['host_ms']:.1f} / "
+              f"{slowest['staging_ms']:.1f} | {t1p / pred['time_ms']:.2f} | {t1m / slowest['time_ms']:.2f} |")
     return 0
 
 
@@ -274,6 +297,8 @@ def main(argv=None) -> int:
                                         help="also extrapolate the 120-layer cases to these layer counts")
     sub.choices["predict"].add_argument("--floor", type=float, default=10.0,
                                         help="us per layer launch floor where a case cannot fit it")
+    sub.choices["predict"].add_argument("--segment", type=float, default=0.0,
+                                        help="us of host time per segment a rank runs (validate measures it)")
     v = sub.choices["validate"]
     v.add_argument("--backend", default="emulate", choices=["emulate", "gpu"])
     v.add_argument("--count", type=int, default=1200)

@@ -161,6 +161,7 @@ class SparseDNN:
         self.workers = pool
         self.compile_ms = 1e3 * (time.perf_counter() - t0)
         self.backend = self.kernels[0].backend
+        self._runs = {}  # (weights, prune) -> the GPU driver's per-network setup, reused by every run
 
     def segment(self, start: int, stop: int) -> "SparseDNN":
         """Layers [start, stop) as a network of their own, sharing this one's compiled kernels.
@@ -180,6 +181,7 @@ class SparseDNN:
         part.fixed = self.fixed[start:stop]
         part.fixed_from = cv.fixed_from(part.fixed)
         part.output_order = self.output_order if stop == count else None
+        part._runs = {}
         return part
 
     def prepare(self, weights: str = "resident") -> "SparseDNN":
@@ -187,16 +189,27 @@ class SparseDNN:
         the next run's time is the inference alone (a run does this itself when it has not been done).
         Nothing to do on the emulator."""
         if self.backend == "gpu":
-            from . import runtime
-            from .spdnn_gpu import GpuRun
-
-            GpuRun(self, runtime, weights)
+            self._gpu_run(weights, "device")
         return self
 
     def release(self) -> None:
         """Drop the layers' device copies now (a later GPU run uploads them again)."""
+        self._runs = {}
         for k in self.kernels:
             k._device_arrays = None
+
+    def _gpu_run(self, weights: str, prune: str):
+        """The GPU driver's setup for this network (functions loaded, launch geometry, the tail's layer
+        table), made once per mode: a run then pays only for its own buffers and launches. A setup
+        whose layers' device copies were since dropped (by this network or one sharing its kernels)
+        is made again."""
+        from . import runtime
+        from .spdnn_gpu import GpuRun
+
+        run = self._runs.get((weights, prune))
+        if run is None or not run.current():
+            run = self._runs[weights, prune] = GpuRun(self, runtime, weights, prune)
+        return run
 
     @property
     def neurons(self) -> int:
@@ -249,10 +262,7 @@ class SparseDNN:
                                "emulated": True}, {}
             batch, launches = max(1, x.shape[0]), {}
         else:
-            from . import runtime
-            from .spdnn_gpu import GpuRun
-
-            traces, parts, batch, timings, memory, launches = GpuRun(self, runtime, weights, prune).run(
+            traces, parts, batch, timings, memory, launches = self._gpu_run(weights, prune).run(
                 x, batch, mode == "auto", split)
         result = self._result(x, traces, parts, batch, mode)
         layer_ms = tuple(launches.pop("ms_per_layer", ()))

@@ -69,6 +69,7 @@ class GpuRun:
         self.prune.prepare("PPPPPPPPPiiii")
         self.dedup.prepare("PiPPPPPPPiPPii")
         self.layers = []
+        self.resident = []  # the layers' device copies this setup points into (resident weights)
         self.one_tile = []  # per layer: one tile sees every output neuron, so the layer kernel can prune
         self.passes_wanted = []  # per layer: passes the grid runs at once, about one block per SM each
         for k in net.kernels:
@@ -82,6 +83,7 @@ class GpuRun:
             func.prepare(runtime.arg_format(args))  # packing by format string, not by inspection
             if weights == "resident":
                 plan = k.device_arrays()
+                self.resident.append(plan)
                 self.layers.append((func, geometry, [int(plan[n]) for n in names]))
             else:
                 self.layers.append((func, geometry, _pack(k.plan.arrays, names, drv)))
@@ -93,6 +95,10 @@ class GpuRun:
             self.stream = None
         self.progress, self.progress_ptr = self._mapped_word()
         self.tail = self._tail(load) if weights == "resident" else None
+
+    def current(self) -> bool:
+        """Whether every layer's device copy this setup points into is still the kernel's."""
+        return all(plan is k._device_arrays for plan, k in zip(self.resident, self.net.kernels))
 
     def _mapped_word(self):
         """One 64-bit word of pinned host memory the device writes its progress to (None: the host

@@ -153,8 +153,17 @@ def test_gpu_prepare_puts_every_layer_on_the_device_before_a_run():
     assert net.prepare() is net and all(k._device_arrays is not None for k in net.kernels)
     x = random_inputs(20, 64, 0.3, 7)
     ids, ref = scipy_network(layers, x.toarray(), -0.1, 32.0)
+    setup = net._runs["resident", "device"]
     r = net.run(x)  # the GPU sums in its own order: equal to scipy's within rounding
     assert np.array_equal(r.ids, ids) and np.allclose(r.features, ref, rtol=1e-5, atol=1e-5)
+    assert net._runs["resident", "device"] is setup  # the run used the prepared setup
+    part = net.segment(1, 3).prepare()
+    net.release()  # the segment's setup points into copies that are gone: its next run makes a new one
+    assert not part._runs["resident", "device"].current()
+    first = net.segment(0, 1).run(x)
+    rest = part.run(first.features)
+    assert np.array_equal(first.ids[rest.ids], r.ids) and np.array_equal(rest.features, r.features)
+    assert part._runs["resident", "device"].current()
 
 
 @pytest.mark.gpu

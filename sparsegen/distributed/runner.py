@@ -33,13 +33,14 @@ class Runner:
         self.seconds = {"compute": 0.0, "staging": 0.0, "exchange": 0.0}
         self.counts = {"rows_computed": 0, "rows_sent": 0, "rows_received": 0, "segments": 0}
         self.boundary = None
+        self.parts = {}
 
     def run(self, features: bool, extra: dict) -> DistributedResult:
         comm, layers = self.comm, self.layers
         place = collective(comm, self._placement)
         batch = collective(comm, self._batch, place["sharing"])
         bounds, decisions = self.rule.boundaries(layers, comm.size), []
-        collective(comm, self.net.prepare, self.weights)  # kernels loaded and weights on the GPU: setup, untimed
+        collective(comm, self._prepare, bounds)  # kernels loaded and weights on the GPU: setup, untimed
         comm.Barrier()
         t0 = time.perf_counter()
         at = 0
@@ -86,6 +87,23 @@ class Runner:
         per_row = GpuRun.bytes_per_row(SimpleNamespace(net=self.net))
         return max(1, int(0.6 * min(free, total / sharing)) // per_row)
 
+    def _prepare(self, bounds):
+        """Every segment the run may take set up on the device: those between boundaries, and from
+        each boundary to the end (where the rule stops rebalancing)."""
+        self.net.prepare(self.weights)
+        edges = [0, *bounds, self.layers]
+        spans = set(zip(edges, edges[1:])) | {(b, self.layers) for b in bounds}
+        for at, stop in sorted(spans):
+            self._part(at, stop).prepare(self.weights)
+
+    def _part(self, at: int, stop: int):
+        """Layers [at, stop) as a network (the whole network itself for [0, layers)), made once."""
+        if (at, stop) == (0, self.layers):
+            return self.net
+        if (at, stop) not in self.parts:
+            self.parts[at, stop] = self.net.segment(at, stop)
+        return self.parts[at, stop]
+
     def _segment(self, at: int, stop: int, batch):
         try:
             self._compute(at, stop, batch)
@@ -101,7 +119,7 @@ class Runner:
             self.rows = np.full((k, width), np.float32(self.net.cap or 0), np.float32)
             self.boundary = Boundary(k, width, 0.0, 0, 0.0)
             return
-        part = self.net.segment(at, stop)
+        part = self._part(at, stop)
         t = time.perf_counter()
         r = part.run(self.rows, batch=batch, converge=self.mode, weights=self.weights)
         wall = time.perf_counter() - t
