@@ -979,7 +979,8 @@ def test_half_tiles_stop_past_n_256_when_w_leaves_l2(path):
     with pinned_library("torch"):
         at = skinny_families(st, 256, dev)
         past = skinny_families(st, 257, dev)
-    assert at == {"tiled_csl_spmm", "tiled_bitmap_spmm", "dense_gemm", "csr"}
+    lanes = {"tiled_lanes_spmm"} if dev.rates.tiles.tiled_lanes_spmm else set()  # a family its file has rates for
+    assert at == {"tiled_csl_spmm", "tiled_bitmap_spmm", "dense_gemm", "csr"} | lanes
     assert past == {"dense_gemm", "csr"}
 
 
@@ -1039,15 +1040,35 @@ def check_sparse_sides(dev, n, lo, hi, below, above):
         assert family == fast if fast != S.CSR else family in ("csr_rowsplit", "sputnik_spmm", "ell_coo_spmm"), d
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+WITHOUT_LANES = [p for p in SHIPPED if R.load(p).tiles.tiled_lanes_spmm is None]
+WITH_LANES = [p for p in SHIPPED if R.load(p).tiles.tiled_lanes_spmm is not None]
+
+
+@pytest.mark.parametrize("path", WITHOUT_LANES, ids=lambda p: p.name)
 def test_half_tiled_csl_against_bitmap_on_both_sides(path):
-    """7168 x 7168 at n = 8: Tiled-CSL is predicted faster at 10 %, the bitmap at 11 %; the density
-    where they cross, a hair below and a hair above."""
+    """7168 x 7168 at n = 8, on a file without tiled lanes' rates: Tiled-CSL is predicted faster at
+    10 %, the bitmap at 11 %; the density where they cross, a hair below and a hair above."""
     dev = shipped_device(path)
     with pinned_library("torch"):
         lo, hi, below, above = sparse_crossover(dev, 8, 0.10, 0.11)
         assert (below, above) == ("tiled_csl_spmm", "tiled_bitmap_spmm")
         check_sparse_sides(dev, 8, lo, hi, below, above)
+
+
+@pytest.mark.parametrize("path", WITH_LANES, ids=lambda p: p.name)
+def test_half_tiled_lanes_ahead_of_the_other_tiles_where_its_rates_say(path):
+    """7168 x 7168 on a file with tiled lanes' rates (the H200's, measured): at n = 8 the family is
+    predicted fastest from 5 to 30 % and selected, its reason naming it; the other tile families
+    stay in the comparison, and dense cuBLAS takes 50 %."""
+    dev = shipped_device(path)
+    with pinned_library("torch"):
+        for d in (0.05, 0.1, 0.2, 0.3):
+            c = S.compare(uniform_stats(7168, 7168, d), Request("spmm", n=8, dtype="float16", device=dev))
+            assert c.winner().family == "tiled_lanes_spmm" and c.get("tiled_csl_spmm") and c.get("tiled_bitmap_spmm")
+            sel = table.select_request(uniform_stats(7168, 7168, d), Request("spmm", n=8, dtype="float16", device=dev))
+            assert sel.spec.family == "tiled_lanes_spmm" and sel.reason.startswith("tiled lanes predicted fastest"), d
+        dense = table.select_request(uniform_stats(7168, 7168, 0.5), Request("spmm", n=8, dtype="float16", device=dev))
+        assert dense.spec.family == "dense_gemm"
 
 
 def test_half_csr_kernels_against_the_tiles_on_both_sides():
