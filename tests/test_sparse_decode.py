@@ -64,7 +64,7 @@ def test_sparse_decode_matches_dense_pruned(dtype, backend):
     r = sd.measure(dense, sparse, report, batch=2, prompt=8, new_tokens=4, device="cpu", backend=backend,
                    graphs=False, repeats=2)
     assert r["pass"] and r["max_error"] <= sd.TOLERANCE[str(dtype)[6:]] and r["argmax_agreement"] == 1.0
-    assert 0 < r["mean_error"] <= r["max_error"] or dtype == torch.float32
+    assert 0 <= r["mean_error"] <= r["max_error"]
     assert len(r["seconds"]["sparse"]) == 2 and r["tokens_per_s"]["dense"] > 0
     assert r["bytes"]["dense"] == sd.linear_bytes(dense) and r["bytes"]["sparse"] > 0
     assert all(2 in layer.specs for layer in report.layers)  # every layer ran at N = batch
