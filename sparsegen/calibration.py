@@ -183,9 +183,13 @@ class GpuProbe:
     """Builds the cases through `sparsegen.compile` and times them with CUDA events (PyTorch
     operands, as the benchmarks do). Compiling runs ahead in a thread: the emulator's compile fills
     the plan cache, a pool of nvcc threads the cubin cache, so the timed `compile(backend="gpu")`
-    finds both."""
+    finds both. nvcc runs in `workers` threads, by default one per CPU but the measuring one's: on
+    a fresh machine the first tile shape's compiles decide how many cases fit the budget
+    (docs/decisions/010-h200-lanes-rates.md)."""
 
-    def __init__(self, workers: int = 8):
+    def __init__(self, workers: int | None = None):
+        import os
+
         from . import nvcc, runtime
 
         try:
@@ -203,7 +207,7 @@ class GpuProbe:
         torch.zeros(1, device=self.dev)  # the primary context first, which sparsegen's runtime shares
         self.runtime = runtime
         self.arch = runtime.current_arch()
-        self.workers = workers
+        self.workers = workers or max(1, (os.cpu_count() or 2) - 1)
         self.weights: dict = {}
         self.ready: dict = {}
         self.pool = None
