@@ -15,13 +15,12 @@ Layout. nn.Linear computes y = x·Wᵀ + b for row-major x (..., K); every spars
 computes Y = W·X for a row-major (C-contiguous) X of shape (K, N), so no kernel can read x in
 place. `forward` therefore
   1. views x as (N, K) (free for contiguous x),
-  2. makes xᵀ a contiguous (K, N) tensor: the one copy per call, N·K elements (none when xᵀ is
-     already contiguous: N = 1, or x is the transposed view step 4 returns),
+  2. makes xᵀ a contiguous (K, N) tensor: a copy of N·K elements (none when N = 1),
   3. runs the kernel (bias fused) into a fresh (M, N) tensor,
   4. returns Yᵀ as a contiguous (..., M) tensor: for N = 1 that is Y itself, for N > 1 one copy of
      N·M elements. Consumers read their operands' last dimension with stride 1: a strided query
      sends scaled-dot-product attention to its float32 math path, which made a compiled OPT-6.7B
-     decode step at batch 16 2.2x slower than the copy costs (docs/torch.md).
+     decode step at batch 16 2.4x slower than with the copy (docs/torch.md).
 No host round trip, and W is never copied per call: it is encoded and uploaded once per layer
 (the kernels for every N share it). Kernels are specialised by N, so one is compiled per distinct
 token count on first use (sparsegen's cache makes a repeat compile cheap) and the layer keeps the
