@@ -31,7 +31,7 @@ from .errors import ShapeError
 from .families.spdnn_sliced_ell import default_block, layer_bias
 from .formats import sliced_ell
 from .io import as_csr
-from .spdnn_build import LayerJob, Progress, build, layer_matrix, workers_for
+from .spdnn_build import LayerJob, Progress, build as build_layers, layer_matrix, prove, workers_for
 from .values import check_matrix, check_numbers
 
 
@@ -108,15 +108,19 @@ class SparseDNN:
     converge: "auto" (deduplicate rows, skip layers proven to fix the converged rows, run the last
     rows' layers in one launch) or "off"; exact either way. workers: processes that build the layers
     (None: one per CPU for large networks, 0: none). progress: None (a counter on a terminal), a bool,
-    or a callable(done, total, seconds).
+    or a callable(done, total, seconds). build: "all" (every layer built now) or "lazy" (every
+    layer's fixed-point proof now, the first LAZY_FIRST layers built, the others as a run reaches
+    them: a converged run builds none of the layers it skips).
     """
 
     def __init__(self, layers, bias, cap: float | None = 32.0, *, bias_rule: str = "nonzero",
                  convention: str = "challenge", backend: str = "auto", arch: str | None = None,
                  minibatch: int = 16, block: int | None = None, unroll: bool = True,
                  relabel: str = "auto", converge: str = "auto", workers: int | None = None,
-                 progress=None):
+                 progress=None, build: str = "all"):
         count = len(layers)
+        if build not in BUILDS:
+            raise ShapeError(f"build must be one of {', '.join(map(repr, BUILDS))}, got {build!r}")
         if not count:
             raise ShapeError("a network needs at least one layer")
         if convention not in ("challenge", "rows_out"):
@@ -144,24 +148,49 @@ class SparseDNN:
                             orders[l - 1] if l and self.relabel.applied else None,
                             orders[l] if self.relabel.applied else None, biases[l], request)
 
-        show = sys.stderr.isatty() if progress is None else progress
-        bar = Progress(count, show, "compiled layer")
-        built, orders = build(job, count, backend, pool, bar,
-                              (layers, convention, tile if relabel == "graph" else None)
-                              if self.relabel.applied else None)
-        bar.close()
-        self.kernels = [k for k, _ in built]
-        self.fixed = tuple(f for _, f in built)
+        self.count, self.build_mode, self.workers = count, build, pool
+        self._job, self._backend = job, backend
+        self._chain = (layers, convention, tile if relabel == "graph" else None) if self.relabel.applied else None
+        self._show = sys.stderr.isatty() if progress is None else progress
+        self._orders, self.kernels, self.output_order, self.compile_ms = [], [], None, 0.0
+        if build == "lazy":
+            proven = prove([LayerJob(l, None if lazy else layers[l], layers if lazy else None, convention, None, None,
+                                     biases[l], request) for l in range(count)], pool)
+            self.fixed = tuple(f for f, _, _ in proven)
+            self._shapes, self._nnz = [s for _, s, _ in proven], [n for _, _, n in proven]
+            _check_shapes(self._shapes)
+        built = self._extend(count if build == "all" else min(count, LAZY_FIRST), t0)
+        if build == "all":
+            self.fixed = tuple(built)
+            self._shapes = [tuple(k.shape) for k in self.kernels]
+            self._nnz = [int(k.plan.constants["nnz"]) for k in self.kernels]
+            _check_shapes(self._shapes)
         self.fixed_from = cv.fixed_from(self.fixed)
-        self.output_order = orders[-1] if self.relabel.applied else None
-        for l in range(1, count):
-            if self.kernels[l].shape[1] != self.kernels[l - 1].shape[0]:
-                raise ShapeError(f"layer {l + 1} takes {self.kernels[l].shape[1]} inputs but layer {l} has "
-                                 f"{self.kernels[l - 1].shape[0]} outputs")
-        self.workers = pool
-        self.compile_ms = 1e3 * (time.perf_counter() - t0)
         self.backend = self.kernels[0].backend
         self._runs = {}  # (weights, prune) -> the GPU driver's per-network setup, reused by every run
+        self._parts = {}  # (start, stop) -> the segment a lazy network's run takes
+
+    def _extend(self, stop: int, t0: float | None = None) -> list:
+        """Build layers len(kernels)..stop-1 (the relabeling chain continues from the last one built);
+        returns their fixed-point flags. The time goes into compile_ms."""
+        start = len(self.kernels)
+        if stop <= start:
+            return []
+        t = time.perf_counter() if t0 is None else t0
+        bar = Progress(stop - start, self._show, "compiled layer")
+        built, _ = build_layers(self._job, stop, self._backend, self.workers, bar, self._chain, start, self._orders)
+        bar.close()
+        self.kernels = self.kernels + [k for k, _ in built]
+        if len(self.kernels) == self.count and self.relabel.applied:
+            self.output_order = self._orders[-1]
+        self.compile_ms += 1e3 * (time.perf_counter() - t)
+        self._runs = {}
+        return [f for _, f in built]
+
+    @property
+    def layers_built(self) -> int:
+        """Layers compiled so far (all of them with build="all")."""
+        return len(self.kernels)
 
     def segment(self, start: int, stop: int) -> "SparseDNN":
         """Layers [start, stop) as a network of their own, sharing this one's compiled kernels.
@@ -173,28 +202,41 @@ class SparseDNN:
         surviving rows gives the whole network's ids and features, bit for bit: each row's layers
         read that row alone, deduplication merges only bitwise-equal rows, and a segment skips a
         layer only when the layer is proven to fix the all-cap row (its own suffix of `fixed`)."""
-        count = len(self.kernels)
+        count = self.count
         if not 0 <= start < stop <= count:
             raise ShapeError(f"segment [{start}, {stop}) of a {count}-layer network: expected 0 <= start < stop <= {count}")
+        self._extend(stop)
         part = copy.copy(self)
         part.kernels = self.kernels[start:stop]
+        part.count, part.build_mode = stop - start, "all"
+        part._shapes, part._nnz = self._shapes[start:stop], self._nnz[start:stop]
         part.fixed = self.fixed[start:stop]
         part.fixed_from = cv.fixed_from(part.fixed)
         part.output_order = self.output_order if stop == count else None
-        part._runs = {}
+        part._runs, part._parts = {}, {}
         return part
+
+    def _part(self, start: int, stop: int) -> "SparseDNN":
+        if (start, stop) not in self._parts:
+            self._parts[start, stop] = self.segment(start, stop)
+        return self._parts[start, stop]
 
     def prepare(self, weights: str = "resident") -> "SparseDNN":
         """Load the layer kernels and, with resident weights, copy every layer to the GPU now, so that
         the next run's time is the inference alone (a run does this itself when it has not been done).
         Nothing to do on the emulator."""
         if self.backend == "gpu":
-            self._gpu_run(weights, "device")
+            if self.layers_built < self.count:  # a lazy network runs its first window first
+                self._part(0, self.layers_built).prepare(weights)
+            else:
+                self._gpu_run(weights, "device")
         return self
 
     def release(self) -> None:
         """Drop the layers' device copies now (a later GPU run uploads them again)."""
         self._runs = {}
+        for part in self._parts.values():
+            part._runs = {}
         for k in self.kernels:
             k._device_arrays = None
 
@@ -214,25 +256,25 @@ class SparseDNN:
     @property
     def neurons(self) -> int:
         """Input neurons (the first layer's)."""
-        return self.kernels[0].shape[1]
+        return self._shapes[0][1]
 
     @property
     def outputs(self) -> int:
         """Output neurons (the last layer's)."""
-        return self.kernels[-1].shape[0]
+        return self._shapes[-1][0]
 
     @property
     def width(self) -> int:
         """The widest layer, inputs or outputs: the row length of the activation buffers."""
-        return max(max(k.shape) for k in self.kernels)
+        return max(max(shape) for shape in self._shapes)
 
     @property
     def edges(self) -> int:
-        return int(sum(k.plan.constants["nnz"] for k in self.kernels))
+        return int(sum(self._nnz))
 
     @property
     def specs(self) -> list[str]:
-        """The distinct kernel specs of the network (often one for all its layers)."""
+        """The distinct kernel specs of the layers built (often one for all of them)."""
         return sorted({k.spec.name for k in self.kernels})
 
     def run(self, inputs, batch: int | None = None, *, weights: str = "resident", prune: str = "device",
@@ -255,6 +297,10 @@ class SparseDNN:
         x = x.astype(np.float32)
         if x.shape[1] != self.neurons:
             raise ShapeError(f"inputs: expected {self.neurons} columns (neurons), got {x.shape[1]}")
+        if self.layers_built < self.count:
+            if mode == "auto":
+                return self._run_windows(x, batch, weights, prune, split)
+            self._extend(self.count)  # converge off computes every layer
         if self.backend == "emulate":
             t0 = time.perf_counter()
             traces, parts = self._run_emulated(x, mode == "auto")
@@ -269,6 +315,45 @@ class SparseDNN:
         return self._in_original_labels(replace(result, timings_ms=timings, memory=memory, launches=launches,
                                                 layer_ms=layer_ms))
 
+    def _run_windows(self, x, batch, weights: str, prune: str, split: bool) -> Result:
+        """A lazy network's converging run: windows of layers (LAZY_FIRST, then doubling), each built
+        when reached and run as a segment on the rows the last one left. Once the rows are all at the
+        cap past the proven-fixed layers, or none is left, the rest is skipped unbuilt. Exact as the
+        whole run: segments chain bit for bit (`segment`)."""
+        count, cap = self.count, None if self.cap is None else np.float32(self.cap)
+        ids, rows, at = np.arange(x.shape[0]), x, 0
+        alive, distinct, skipped, passes, layer_ms, windows = [], [], [], [], [], []
+        timings, memory = {}, {}
+        while True:
+            stop = min(count, max(LAZY_FIRST, 2 * at))
+            r = self._part(at, stop).run(rows, batch, weights=weights, prune=prune, converge="auto", split=split)
+            ids, rows = ids[r.ids], r.features
+            alive += r.alive_per_layer
+            distinct += r.distinct_per_layer
+            skipped += r.skipped
+            passes += [replace(p, layer=p.layer + at) for p in r.passes]
+            layer_ms += r.layer_ms
+            windows.append({"layers": [at + 1, stop], **r.launches})
+            for key, value in r.timings_ms.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    timings[key] = timings.get(key, 0) + value
+            for key, value in r.memory.items():
+                memory[key] = max(memory.get(key, 0), value)
+            at = stop
+            if at == count:
+                break
+            if not ids.size or (cap is not None and at >= self.fixed_from and bool((rows == cap).all())):
+                rest = count - at
+                alive += [int(ids.size)] * rest
+                distinct += [0] * rest
+                skipped += [True] * rest
+                rows = np.full((ids.size, self.outputs), cap or 0, np.float32)
+                break
+        timings["compile"] = self.compile_ms
+        launches = {"windows": windows, "tail_from": [t + w["layers"][0] - 1 for w in windows for t in w.get("tail_from", ())]}
+        return Result(ids.astype(np.int64), np.asarray(rows, np.float32), tuple(alive), x.shape[0], self.edges, timings,
+                      tuple(distinct), tuple(skipped), tuple(passes), "auto", memory, launches, tuple(layer_ms))
+
     def _result(self, x, traces, parts, batch, mode) -> Result:
         ids, feats = [], []
         for b, (trace, reps) in enumerate(zip(traces, parts)):
@@ -278,7 +363,7 @@ class SparseDNN:
             feats.append(f)
         ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
         feats = np.concatenate(feats) if feats else np.zeros((0, self.outputs), np.float32)
-        alive, distinct, skipped = cv.per_layer(traces, len(self.kernels))
+        alive, distinct, skipped = cv.per_layer(traces, self.count)
         return Result(ids.astype(np.int64), feats.astype(np.float32, copy=False), alive, x.shape[0], self.edges,
                       {}, distinct, skipped, cv.pass_records(traces), mode)
 
@@ -297,9 +382,16 @@ class SparseDNN:
             k = self.kernels[l]
             return sliced_ell.layer(k.plan, y, layer_bias(k.spec, k.plan), self.cap, self.bias_rule)
 
-        trace, rows = cv.run(layer, x.toarray(), len(self.kernels), self.cap, self.fixed_from, converge)
-        reps = cv.final_rows(trace, rows, len(self.kernels), self.outputs, self.cap)
+        trace, rows = cv.run(layer, x.toarray(), self.count, self.cap, self.fixed_from, converge)
+        reps = cv.final_rows(trace, rows, self.count, self.outputs, self.cap)
         return [trace], [reps]
+
+
+def _check_shapes(shapes) -> None:
+    """Each layer's (outputs, inputs) must take the previous layer's outputs."""
+    for l in range(1, len(shapes)):
+        if shapes[l][1] != shapes[l - 1][0]:
+            raise ShapeError(f"layer {l + 1} takes {shapes[l][1]} inputs but layer {l} has {shapes[l - 1][0]} outputs")
 
 
 def _check_chain(layers, convention: str) -> None:
@@ -324,6 +416,8 @@ class Relabeling:
     footprint_after: int = 0
 
 
+BUILDS = ("all", "lazy")
+LAZY_FIRST = 32  # layers a lazy network builds up front; a run's later windows double (the challenge's converge by ~26)
 RELABEL_GAIN = 0.9  # relabel when the sampled footprints shrink to 90 % or less
 RELABEL_SAMPLE = 3  # layers sampled for the decision (a network repeats its kinds of layers)
 

@@ -139,6 +139,25 @@ def _encode_in_worker(job: LayerJob):
     return spec, replace(selection, spec=spec), plan, structure_hash(a), fixed_layer(a, b, r["cap"], r["bias_rule"])
 
 
+def _prove_in_worker(job: LayerJob):
+    """(fixed, (outputs, inputs), nnz) of the job's layer as given (its job carries no relabeling)."""
+    a, b = relabeled_layer(job)
+    r = job.request
+    return fixed_layer(a, b, r["cap"], r["bias_rule"]), tuple(a.shape), int(a.nnz)
+
+
+def prove(jobs: list, workers: int) -> list:
+    """(fixed, (outputs, inputs), nnz) of every layer, from its weights as given: whether a layer maps
+    the all-cap row to itself does not depend on what its neurons are called, so this needs no
+    relabeling chain, encoding or compiling (in worker processes when there are any)."""
+    if not workers:
+        return [_prove_in_worker(j) for j in jobs]
+    import multiprocessing
+
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(_prove_in_worker, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
+
+
 def _cubin_in_worker(body: str, arch: str, name: str) -> bytes:
     from .cache import Cache
 
@@ -218,26 +237,28 @@ def workers_for(layers, edges: int, workers: int | None) -> int:
     return min(32, max(0, (os.cpu_count() or 1) - 1))
 
 
-def build(jobs_of, count: int, backend: str, workers: int, progress: Progress, chain=None):
-    """Every layer's (kernel, fixed) in order, and the relabeling orders. `jobs_of(l, orders)` makes
-    layer l's job once the relabeling chain has given `orders` up to l; `chain` (None: no relabeling)
-    is (source, convention, the tile of relabel="graph" or None)."""
-    orders: list = []
+def build(jobs_of, stop: int, backend: str, workers: int, progress: Progress, chain=None, start: int = 0,
+          orders: list | None = None):
+    """The (kernel, fixed) of layers start..stop-1 in order, and the relabeling orders up to stop.
+    `jobs_of(l, orders)` makes layer l's job once the relabeling chain has given `orders` up to l;
+    `chain` (None: no relabeling) is (source, convention, the tile of relabel="graph" or None);
+    `orders` holds the chain's orders of the layers before `start` (it is extended in place)."""
+    orders = [] if orders is None else orders
     if not workers:
         results = []
-        for l in range(count):  # plans here, in order; nvcc afterwards, every distinct body at once
+        for l in range(start, stop):  # plans here, in order; nvcc afterwards, every distinct body at once
             if chain is not None:
                 orders.append(next_order(*_structure_in_worker(chain[0], l, chain[1]), orders[-1] if orders else None,
                                          chain[2]))
             results.append(build_layer(jobs_of(l, orders), "emulate" if backend == "gpu" else backend))
-            progress(l + 1)
+            progress(l + 1 - start)
         if backend == "gpu":
             compile_cubins([kernel for kernel, _ in results])
         return results, orders
     import multiprocessing
 
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        results, orders = _build_in_pool(pool, jobs_of, count, backend, progress, chain)
+        results = _build_in_pool(pool, jobs_of, start, stop, orders, backend, progress, chain)
     return results, orders
 
 
@@ -258,10 +279,10 @@ def compile_cubins(kernels, threads: int | None = None) -> None:
         kernel.backend = "gpu"
 
 
-def _build_in_pool(pool, jobs_of, count, backend, progress, chain):
+def _build_in_pool(pool, jobs_of, start, stop, orders, backend, progress, chain):
     """The pool's part of `build`: the relabeling chain here, in order, a window of layers ahead of
     the encodes; nvcc in the pool as each new kernel body appears."""
-    orders, results, jobs = [], [None] * count, {}
+    results, jobs = {}, {}
     encoded, structures, cubins, bodies = {}, {}, {}, {}
     done = 0
 
@@ -275,9 +296,9 @@ def _build_in_pool(pool, jobs_of, count, backend, progress, chain):
         done += 1
         progress(done)
 
-    for l in range(count):  # over layers: the chain in order, the encodes in the pool
+    for l in range(start, stop):  # over layers: the chain in order, the encodes in the pool
         if chain is not None:
-            for j in range(l, min(count, l + WINDOW)):
+            for j in range(l, min(stop, l + WINDOW)):
                 if j not in structures:
                     structures[j] = pool.submit(_structure_in_worker, chain[0], j, chain[1])
             orders.append(next_order(*structures.pop(l).result(), orders[-1] if orders else None, chain[2]))
@@ -288,8 +309,9 @@ def _build_in_pool(pool, jobs_of, count, backend, progress, chain):
     while encoded:
         collect(min(encoded))
     out = []
-    for kernel, fixed, body in results:
+    for l in range(start, stop):
+        kernel, fixed, body = results[l]
         if backend == "gpu":
             kernel._cubin = cubins[body].result()
         out.append((kernel, fixed))
-    return out, orders
+    return out

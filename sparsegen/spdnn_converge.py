@@ -113,10 +113,7 @@ def fixed_layer(a: sp.csr_matrix, bias, cap: float | None, bias_rule: str) -> bo
         return True
     if k.max() * U32 >= 0.5:
         return False  # rows this long: the bound says nothing useful
-    rows = np.repeat(np.arange(m), np.diff(a.indptr))
-    w = a.data.astype(np.float64)
-    s = np.bincount(rows, weights=w, minlength=m)
-    sa = np.bincount(rows, weights=np.abs(w), minlength=m)
+    s, sa = _row_sums(a)
     b = np.broadcast_to(np.asarray(bias, np.float32).astype(np.float64), (m,))
     slack = 16 * U64 * (k + 2) * (c * sa + np.abs(b) + c)
     gamma = k * U32 / (1 - k * U32)
@@ -126,6 +123,19 @@ def fixed_layer(a: sp.csr_matrix, bias, cap: float | None, bias_rule: str) -> bo
     if bias_rule == "nonzero":
         ok &= acc_lo > 0
     return bool(ok.all())
+
+
+def _row_sums(a: sp.csr_matrix):
+    """Each row's Σw and Σ|w| in float64 (reduceat over the row starts; an empty row sums to 0)."""
+    m = a.shape[0]
+    if not a.nnz:
+        return np.zeros(m), np.zeros(m)
+    w = a.data.astype(np.float64)
+    starts = np.minimum(a.indptr[:-1], a.nnz - 1)
+    empty = a.indptr[:-1] == a.indptr[1:]
+    s = np.where(empty, 0.0, np.add.reduceat(w, starts))
+    sa = np.where(empty, 0.0, np.add.reduceat(np.abs(w), starts))
+    return s, sa
 
 
 def fixed_from(fixed) -> int:

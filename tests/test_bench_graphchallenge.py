@@ -98,7 +98,8 @@ def test_a_case_runs_end_to_end_with_the_emulator(monkeypatch, data_dir):
     assert rec["reference"]["survivors"] > 0 and rec["converge_off_same_answer"] and rec["cusparse_loop_same_answer"]
     assert rec["rows_computed"]["converge_on"] < rec["rows_computed"]["converge_off"]
     assert len(rec["distinct_per_layer"]) == 24 and rec["layers_run"] <= 24
-    assert any("600 inputs" in line for line in lines) and any("compiled 24 layers" in line for line in lines)
+    assert any("600 inputs" in line for line in lines) and any("proved 24 layers and compiled 24" in line for line in lines)
+    assert rec["split_ms"]["layers_built_converge_on"] == 24 and rec["split_ms"]["compile_converge_on"] <= rec["split_ms"]["compile"]
     json.dumps(rec)
     assert "reference ok (200 inputs)" in suite.progress_line(rec)
 

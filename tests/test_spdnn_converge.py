@@ -8,7 +8,7 @@ import scipy.sparse as sp
 
 import sparsegen
 from sparsegen import graphchallenge as gc
-from sparsegen import spdnn_converge as cv
+from sparsegen import spdnn, spdnn_converge as cv
 from sparsegen.errors import ShapeError
 
 
@@ -287,6 +287,88 @@ def test_layers_built_in_worker_processes_are_the_same():
     assert pool.fixed == here.fixed
 
 
+# ---- build="lazy": the layers a run reaches, and no others -------------------------------------
+
+def same_run(a, b):
+    return (np.array_equal(a.ids, b.ids) and bitwise(a.features, b.features) and a.alive_per_layer == b.alive_per_layer
+            and a.skipped == b.skipped)
+
+
+def test_lazy_network_builds_only_the_layers_a_converged_run_reaches(monkeypatch):
+    monkeypatch.setattr(spdnn, "LAZY_FIRST", 8)
+    layers = saturating_network(40, 40, seed=7)
+    x = inputs_with_copies(80, 40, seed=8, copies=20)
+    whole = sparsegen.SparseDNN(layers, bias=-0.01, cap=8.0, backend="emulate", relabel="always", progress=False)
+    lazy = sparsegen.SparseDNN(layers, bias=-0.01, cap=8.0, backend="emulate", relabel="always", progress=False,
+                               build="lazy")
+    assert lazy.layers_built == 8 and whole.layers_built == 40 and lazy.fixed == whole.fixed and lazy.fixed_from == 0
+    assert (lazy.edges, lazy.outputs, lazy.width, lazy.neurons) == (whole.edges, whole.outputs, whole.width, whole.neurons)
+    on = lazy.run(x)
+    assert same_run(on, whole.run(x)) and on.ids.size > 40 and np.all(on.features == 8.0)
+    assert 8 < lazy.layers_built < 40 and lazy.layers_built in (16, 32)  # windows of 8, then doubling
+    assert on.skipped.index(True) <= lazy.layers_built and on.distinct_per_layer[lazy.layers_built:] == (0,) * (
+        40 - lazy.layers_built)
+    assert [w["layers"][0] for w in on.launches["windows"]] == [1, 9, 17][:len(on.launches["windows"])]
+    # the chain of relabelings went on window by window: the same plans as the whole build's
+    assert all(np.array_equal(a.plan.arrays["index"], b.plan.arrays["index"]) for a, b in zip(lazy.kernels, whole.kernels))
+    off = lazy.run(x, converge="off")  # every layer is needed: the rest is built, then run whole
+    assert lazy.layers_built == 40 and same_run(off, whole.run(x, converge="off"))
+    assert np.array_equal(lazy.output_order, whole.output_order)
+
+
+def test_lazy_network_that_never_converges_runs_every_window_exactly(monkeypatch):
+    """Rows that never reach the cap: every window is built and run, the rows carried from one to
+    the next in the hidden labels; the answer is the whole build's, bit for bit."""
+    monkeypatch.setattr(spdnn, "LAZY_FIRST", 4)
+    layers = saturating_network(40, 20, seed=9)
+    x = inputs_with_copies(60, 40, seed=10, copies=10)
+    whole = sparsegen.SparseDNN(layers, bias=-0.01, cap=1e6, backend="emulate", relabel="always", progress=False)
+    lazy = sparsegen.SparseDNN(layers, bias=-0.01, cap=1e6, backend="emulate", relabel="always", progress=False,
+                               build="lazy")
+    assert lazy.fixed_from == 0 and lazy.layers_built == 4
+    r, ref = lazy.run(x), whole.run(x)
+    assert same_run(r, ref) and not any(r.skipped) and r.ids.size
+    assert [w["layers"] for w in r.launches["windows"]] == [[1, 4], [5, 8], [9, 16], [17, 20]]
+    assert lazy.layers_built == 20 and np.array_equal(lazy.output_order, whole.output_order)
+    assert np.array_equal(r.ids, gc.reference_inference(layers, x, -0.01, cap=1e6).ids)
+
+
+def test_lazy_network_whose_inputs_all_die_skips_the_rest_unbuilt(monkeypatch):
+    monkeypatch.setattr(spdnn, "LAZY_FIRST", 4)
+    layers = saturating_network(32, 12, seed=10)
+    net = sparsegen.SparseDNN(layers, bias=-1000.0, cap=2.0, backend="emulate", progress=False, build="lazy")
+    r = net.run(inputs_with_copies(20, 32, seed=11))
+    assert r.ids.size == 0 and r.features.shape == (0, 32) and net.layers_built == 4
+    assert r.alive_per_layer == (0,) * 12 and r.skipped == (False,) + (True,) * 11
+
+
+def test_lazy_official_network_builds_one_window(data_dir):
+    d = data_dir / "graphchallenge"
+    layers = gc.read_network(d)
+    x = gc.read_inputs(d / "sparse-images-1024-first1200.tsv.gz", 1024)
+    net = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="emulate", progress=False, build="lazy")
+    r = net.run(x)
+    assert r.categories.tolist() == np.loadtxt(d / "categories-first1200.tsv", dtype=int).tolist()
+    assert net.layers_built == spdnn.LAZY_FIRST and len(r.launches["windows"]) == 1 and r.skipped[-1]
+
+
+def test_lazy_layers_built_in_worker_processes_are_the_same(monkeypatch):
+    monkeypatch.setattr(spdnn, "LAZY_FIRST", 4)
+    layers = gc.GeneratedNetwork(1024, 10, seed=2)
+    x = sp.csr_matrix((np.random.default_rng(16).random((40, 1024)) < 0.1).astype(np.float32))
+    lazy = sparsegen.SparseDNN(layers, bias=-0.3, backend="emulate", workers=2, relabel="always", progress=False,
+                               build="lazy")
+    whole = sparsegen.SparseDNN(layers, bias=-0.3, backend="emulate", workers=0, relabel="always", progress=False)
+    assert lazy.layers_built == 4 and lazy.fixed == whole.fixed and lazy.edges == whole.edges
+    assert same_run(lazy.run(x, converge="off"), whole.run(x, converge="off")) and lazy.layers_built == 10
+    assert all(np.array_equal(a.plan.arrays["index"], b.plan.arrays["index"]) for a, b in zip(lazy.kernels, whole.kernels))
+
+
+def test_build_must_be_all_or_lazy():
+    with pytest.raises(ShapeError, match="build must be one of 'all', 'lazy', got 'some'"):
+        sparsegen.SparseDNN(saturating_network(8, 2, seed=1), bias=0.0, backend="emulate", build="some")
+
+
 def test_generated_network_is_lazy_and_the_same():
     lazy = gc.GeneratedNetwork(1024, 20, seed=3)
     eager = gc.generate_network(1024, 20, seed=3)
@@ -379,6 +461,22 @@ def test_gpu_official_network_converges_exactly(data_dir):
     for mode in ({"prune": "host"}, {"prune": "kernel", "converge": "off"}, {"weights": "streamed", "converge": "off"}):
         other = net.run(x, **mode)
         assert other.converge == "off" and bitwise(other.features, off.features), mode
+
+
+@pytest.mark.gpu
+def test_gpu_lazy_official_network_builds_one_window_and_gives_the_same_answer(data_dir):
+    d = data_dir / "graphchallenge"
+    layers = gc.read_network(d)
+    x = gc.read_inputs(d / "sparse-images-1024-first1200.tsv.gz", 1024)
+    whole = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="gpu", progress=False).run(x)
+    net = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="gpu", progress=False, build="lazy").prepare()
+    for mode in ({}, {"split": True}, {"weights": "streamed"}, {"batch": 500}):
+        on = net.run(x, **mode)
+        assert np.array_equal(on.ids, whole.ids) and bitwise(on.features, whole.features), mode
+        assert on.alive_per_layer == whole.alive_per_layer and on.skipped == whole.skipped, mode
+    assert net.layers_built == spdnn.LAZY_FIRST and on.timings_ms["inference"] > 0
+    off = net.run(x, converge="off")
+    assert net.layers_built == 120 and bitwise(off.features, whole.features)
 
 
 @pytest.mark.gpu
