@@ -8,7 +8,7 @@ The model is transformers' OPTForCausalLM made from a config (OPT-1.3B or OPT-6.
 one; `--layers` keeps the first L decoder layers), random weights (seeded; nothing is downloaded),
 in fp16 or bf16. Every Linear of its decoder layers (q, k, v and out projections, fc1, fc2) is
 magnitude-pruned by sparsegen's rule; the sparse model holds them as `sparsegen.torch.SparseLinear`
-(the operator `torch.ops.sparsegen.spmm`), the dense one as the pruned `nn.Linear`s. Embeddings and
+(the operator `torch.ops.sparsegen.linear`), the dense one as the pruned `nn.Linear`s. Embeddings and
 the LM head stay dense in both.
 
 Decoding (`Decoder`): OPT's forward written over the model's own modules with a static KV cache,
@@ -311,11 +311,9 @@ def host_time(report) -> dict:
 
 def host_time_per_call(layer, x, calls: int = 2000) -> dict:
     """Host microseconds per call of `layer(x)` (a CUDA layer): eager through forward, through the
-    dispatcher (torch.ops.sparsegen.spmm), and inside a replayed CUDA graph of 100 calls. Only the
+    dispatcher (torch.ops.sparsegen.linear), and inside a replayed CUDA graph of 100 calls. Only the
     time the Python call takes is summed (the GPU is synchronised between batches of calls)."""
     import torch
-
-    xt = x.reshape(-1, x.shape[-1]).t().contiguous()
 
     def per_call(fn):
         for _ in range(20):
@@ -331,7 +329,7 @@ def host_time_per_call(layer, x, calls: int = 2000) -> dict:
 
     with torch.inference_mode():
         eager = per_call(lambda: layer(x))
-        dispatcher = per_call(lambda: torch.ops.sparsegen.spmm(xt, layer.handle, layer.out_features))
+        dispatcher = per_call(lambda: torch.ops.sparsegen.linear(x, layer.handle, layer.out_features))
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(100):

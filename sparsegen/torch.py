@@ -7,9 +7,11 @@ and `sparsify(model, sparsity)`, which swaps a model's Linear layers for it. Inf
     report = sgt.sparsify(model, 0.7, include=lambda name: ".encoder." in name)
     compiled = torch.compile(model, fullgraph=True)             # the layers trace as one operator
 
-The product is the operator `torch.ops.sparsegen.spmm` (sparsegen/torch_op.py): `torch.compile`
-traces it without a graph break, `torch.export` exports it, CUDA graphs capture it. In eager mode
-`forward` calls the operator's implementation directly, skipping the dispatcher's few microseconds.
+The layer is the operator `torch.ops.sparsegen.linear` (sparsegen/torch_op.py; `spmm` is its
+product in the kernels' layout): `torch.compile` traces it without a graph break, `torch.export`
+exports it, CUDA graphs capture it. In eager mode `forward` calls the operator's implementation
+directly, skipping the dispatcher's few microseconds. Where selection picks the dense fallback for
+a token count, the layer runs F.linear on W densified, exactly what nn.Linear does.
 
 Layout. nn.Linear computes y = x·Wᵀ + b for row-major x (..., K); every sparsegen spmm family
 computes Y = W·X for a row-major (C-contiguous) X of shape (K, N), so no kernel can read x in
@@ -202,7 +204,7 @@ class SparseLinear(torch.nn.Module):
         """Compile the kernels for these token counts now and, on the GPU, put their plans and
         workspaces on the device and pack their launches: what a CUDA graph capture needs done."""
         for n in ns:
-            self.op.prepare(int(n))
+            self.op.prepare_linear(int(n))  # where n selects the dense fallback: the dense W for F.linear
 
     # -- forward ---------------------------------------------------------------------------------
 
@@ -214,12 +216,9 @@ class SparseLinear(torch.nn.Module):
             if not (x.dtype is op.torch_dtype and x.is_cuda is (op.backend == "gpu") and x.dim()
                     and x.shape[-1] == op.k and not (x.requires_grad and torch.is_grad_enabled())):
                 self._check_input(x)
-            y = op.linear(x)  # Yᵀ over Y's memory: contiguous when N = 1
-            return y if y.is_contiguous() else y.contiguous()
+            return op.forward(x)
         self._check_input(x)
-        xt = x.reshape(-1, self.in_features).t()
-        y = torch.ops.sparsegen.spmm(xt.contiguous(), op.handle, self.out_features)
-        return y.t().contiguous().view(tuple(x.shape[:-1]) + (self.out_features,))  # see the module docstring
+        return torch.ops.sparsegen.linear(x, op.handle, self.out_features)  # see the module docstring
 
     def _check_input(self, x):
         if not isinstance(x, torch.Tensor):

@@ -83,6 +83,31 @@ def _spmm_fake(x: torch.Tensor, handle: int, m: int) -> torch.Tensor:
     return x.new_empty((m, x.shape[1]))
 
 
+LINEAR = "sparsegen::linear"
+
+
+@torch.library.custom_op(LINEAR, mutates_args=(), device_types="cpu")
+def linear(x: torch.Tensor, handle: int, m: int) -> torch.Tensor:
+    """y = x·Wᵀ + b for the layer `handle` names, as nn.Linear lays it out: x (..., K) of the layer's
+    dtype, y (..., m) contiguous. What SparseLinear's traced forward calls. CPU: the emulator."""
+    return layer_of(handle).forward(x)
+
+
+@linear.register_kernel("cuda")
+def _linear_cuda(x: torch.Tensor, handle: int, m: int) -> torch.Tensor:
+    return layer_of(handle).forward(x)
+
+
+@linear.register_fake
+def _linear_fake(x: torch.Tensor, handle: int, m: int) -> torch.Tensor:
+    layer = layer_of(handle)
+    if x.dim() == 0 or x.dtype != layer.torch_dtype or m != layer.m:
+        raise ShapeError(f"{LINEAR}: expected x (..., {layer.k}) of {layer.dtype} and m = {layer.m}, "
+                         f"got {tuple(x.shape)} of {str(x.dtype).replace('torch.', '')} and m = {m}")
+    torch._check(x.shape[-1] == layer.k, lambda: f"{LINEAR}: x has {x.shape[-1]} features, the layer takes {layer.k}")
+    return x.new_empty(tuple(x.shape[:-1]) + (m,))
+
+
 # ---- one layer --------------------------------------------------------------------------------
 
 class OpLayer:
@@ -98,6 +123,8 @@ class OpLayer:
         self.kernels: OrderedDict = OrderedDict()  # N -> api.Kernel
         self.prepared: OrderedDict = OrderedDict()  # N -> Prepared (the GPU backend)
         self.pool = DevicePool()
+        self.dense_ns, self.sparse_ns = {}, set()  # N -> dense spec name (F.linear runs it) / N for the kernels
+        self.dense = None  # (W, bias) as tensors of the layer's dtype on its device, once some N selects dense
         self.handle = _register(self)
 
     def __deepcopy__(self, memo):
@@ -113,10 +140,54 @@ class OpLayer:
 
     @property
     def specs(self) -> dict:
-        """{N: spec name} of the kernels held, most recently used last."""
-        out = {n: p.spec for n, p in self.prepared.items()}
+        """{N: spec name} of the kernels held, most recently used last, and of the token counts that
+        run as a dense Linear."""
+        out = dict(self.dense_ns)
+        out.update((n, p.spec) for n, p in self.prepared.items())
         out.update((n, k.spec.name) for n, k in self.kernels.items() if n not in out)
         return out
+
+    def routes_dense(self, n: int) -> bool:
+        """Whether N = n runs as a dense Linear. Where selection picks the dense fallback for n, the
+        layer computes what nn.Linear does, F.linear on W densified (one cuBLAS call with its bias),
+        rather than the fallback's GEMM on the transposed operands with a bias pass and two
+        transposes around it. Decided once per n; the dense W is made once per layer."""
+        if n in self.dense_ns:
+            return True
+        if n in self.sparse_ns or n <= 0:
+            return False
+        if self.backend == "gpu" and capturing():
+            raise LaunchError(f"SparseLinear {self.m}x{self.k}: N = {n} was not prepared before this CUDA graph "
+                              f"capture, and choosing its kernel cannot be captured; run the layer once at N = {n} "
+                              f"(or call prepare({n})) before capturing")
+        kernel = self.kernel(n)
+        if kernel.spec.family != "dense_gemm":
+            self.sparse_ns.add(n)
+            return False
+        self.kernels.pop(n)  # its host plan is W densified: F.linear reads the tensor below instead
+        if self.dense is None:
+            device = torch.device("cuda", runtime.device_ordinal()) if self.backend == "gpu" else torch.device("cpu")
+            w = torch.from_numpy(self.csr.toarray()).to(device=device, dtype=self.torch_dtype)
+            b = None if self.bias is None else torch.from_numpy(self.bias).to(device=device, dtype=self.torch_dtype)
+            self.dense = (w, b)
+        self.dense_ns[n] = kernel.spec.name
+        return True
+
+    def prepare_linear(self, n: int) -> None:
+        """What `forward` needs at N = n, made now: the dense W where n runs as a dense Linear, else
+        `prepare(n)`."""
+        if not self.routes_dense(n):
+            self.prepare(n)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """y = x·Wᵀ + b as (..., M), contiguous, for x (..., K) of the layer's dtype on its device (the
+        caller has checked): F.linear where N selects the dense fallback, else the kernel
+        (`linear_t`) and the copy that makes Yᵀ contiguous (none when N = 1)."""
+        n = x.numel() // self.k if self.k else 0
+        if n in self.dense_ns or (n not in self.sparse_ns and self.routes_dense(n)):
+            return torch.nn.functional.linear(x, *self.dense)
+        y = self.linear_t(x)
+        return y if y.is_contiguous() else y.contiguous()
 
     def kernel(self, n: int) -> api.Kernel:
         """The kernel for N = n columns, compiled on first use."""
@@ -155,16 +226,18 @@ class OpLayer:
             self.prepared.pop(n).release()
 
     def device_bytes(self) -> int:
-        """Bytes this layer holds on the device: the distinct plan arrays and every N's workspaces
-        (backend "emulate": what the GPU backend would hold for the kernels compiled so far)."""
+        """Bytes this layer holds on the device: the distinct plan arrays, every N's workspaces and
+        the dense W and bias where some N runs as a dense Linear (backend "emulate": what the GPU
+        backend would hold for the kernels compiled so far)."""
+        dense = sum(t.numel() * t.element_size() for t in self.dense if t is not None) if self.dense else 0
         if self.backend == "gpu":
-            return self.pool.nbytes + sum(p.scratch_bytes for p in self.prepared.values())
+            return self.pool.nbytes + sum(p.scratch_bytes for p in self.prepared.values()) + dense
         distinct = []
         for kernel in self.kernels.values():
             distinct += [a for a in kernel.plan.arrays.values() if not any(_same(a, b) for b in distinct)]
         scratch = sum(v for kernel in self.kernels.values() for k, v in kernel.plan.constants.items()
                       if k.endswith("_bytes") and k[: -len("_bytes")] in _scratch_names(kernel))
-        return sum(a.nbytes for a in distinct) + scratch
+        return sum(a.nbytes for a in distinct) + scratch + dense
 
     # -- running -----------------------------------------------------------------------------------
 
@@ -192,10 +265,10 @@ class OpLayer:
             prepared = self.prepare(x.shape[1])
         return prepared(x)
 
-    def linear(self, x: torch.Tensor) -> torch.Tensor:
-        """y = x·Wᵀ + b for x (..., K) of the layer's dtype on its device, the caller having checked
-        that (SparseLinear's eager forward): the operator's implementation, reading xᵀ as X and
-        returning Yᵀ as (..., M) (strides (..., 1, N)) without the views' host time."""
+    def linear_t(self, x: torch.Tensor) -> torch.Tensor:
+        """y = x·Wᵀ + b by the kernel for x (..., K) of the layer's dtype on its device, the caller
+        having checked that: the spmm operator's implementation, reading xᵀ as X and returning Yᵀ as
+        (..., M) (strides (..., 1, N)) without the views' host time."""
         if not x.is_cuda:
             y = self.run_host(x.reshape(-1, self.k).t())
             return y.t().view(tuple(x.shape[:-1]) + (self.m,))

@@ -79,6 +79,9 @@ def test_opcheck_passes_on_cuda(name, dtype):
     for x in (torch.randn(512, 8, device="cuda", dtype=dtype), torch.randn(8, 512, device="cuda", dtype=dtype).t()):
         result = torch.library.opcheck(torch.ops.sparsegen.spmm.default, (x, layer.handle, 384))
         assert set(result.values()) == {"SUCCESS"}, result
+    for x in (torch.randn(8, 512, device="cuda", dtype=dtype), torch.randn(2, 3, 512, device="cuda", dtype=dtype)):
+        result = torch.library.opcheck(torch.ops.sparsegen.linear.default, (x, layer.handle, 384))
+        assert set(result.values()) == {"SUCCESS"}, result
 
 
 @pytest.mark.parametrize("name,dtype", list(cases()))

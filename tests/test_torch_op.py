@@ -72,8 +72,9 @@ def test_compile_traces_the_whole_model_as_one_graph_with_the_operator():
     with torch.inference_mode():
         compiled(torch.randn(5, 32))
     assert len(rec.graphs) == 1
-    spmm = (torch.ops.sparsegen.spmm, torch.ops.sparsegen.spmm.default)
-    assert sum(op in spmm for op in rec.ops()) == 3  # every layer, none run outside the graph
+    linear = (torch.ops.sparsegen.linear, torch.ops.sparsegen.linear.default)
+    assert sum(op in linear for op in rec.ops()) == 3  # every layer, none run outside the graph
+    assert not any(op in (torch.ops.aten.t.default, torch.ops.aten.clone.default) for op in rec.ops())  # no transposes
     explain = torch._dynamo.explain(model)(torch.randn(5, 32))
     assert explain.graph_break_count == 0 and explain.graph_count == 1
 
@@ -122,7 +123,7 @@ def test_export_holds_the_operator_and_runs(tmp_path):
     model, dense = sparse_and_dense()
     x = torch.randn(4, 32)
     program = torch.export.export(model, (x,))
-    calls = [n for n in program.graph.nodes if n.target == torch.ops.sparsegen.spmm.default]
+    calls = [n for n in program.graph.nodes if n.target == torch.ops.sparsegen.linear.default]
     assert [c.args[1:] for c in calls] == [(model[0].handle, 64), (model[2].handle, 48), (model[4].handle, 16)]
     with torch.inference_mode():
         assert torch.equal(program.module()(x), model(x))
@@ -158,6 +159,41 @@ def test_opcheck_passes(dtype):
     for x in (torch.randn(32, 5).to(dtype), torch.randn(5, 32).to(dtype).t()):
         result = torch.library.opcheck(torch.ops.sparsegen.spmm.default, (x, layer.handle, 24))
         assert set(result.values()) == {"SUCCESS"}, result
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_linear_opcheck_passes(dtype):
+    """The layer's operator in nn.Linear's layout, through the kernel and through F.linear (the
+    dense fallback's token counts): the schema, the fake against the real kernel, AOT dispatch."""
+    sparse = sgt.SparseLinear.from_dense(torch.nn.Linear(32, 24).to(dtype), 0.5, backend="emulate")
+    dense = sgt.SparseLinear.from_dense(torch.nn.Linear(32, 24).to(dtype), 0.5, backend="emulate",
+                                        options={"family": "dense_gemm"})
+    for layer in (sparse, dense):
+        for x in (torch.randn(5, 32).to(dtype), torch.randn(2, 3, 32).to(dtype), torch.randn(32, 5).to(dtype).t()):
+            result = torch.library.opcheck(torch.ops.sparsegen.linear.default, (x, layer.handle, 24))
+            assert set(result.values()) == {"SUCCESS"}, result
+    assert set(dense.op.dense_ns) >= {5, 6} and not dense.op.prepared and not dense.op.kernels
+    assert set(sparse.op.sparse_ns) >= {5, 6} and not sparse.op.dense_ns and sparse.op.dense is None
+
+
+def test_dense_fallback_token_counts_run_as_nn_linear():
+    """Where selection picks the dense fallback, the layer is F.linear on W densified: bit for bit
+    the dense pruned nn.Linear, eager and compiled, and its W counted once."""
+    torch._dynamo.reset()
+    linear = torch.nn.Linear(32, 24).half()
+    layer = sgt.SparseLinear.from_dense(linear, 0.5, backend="emulate", options={"family": "dense_gemm"})
+    reference = layer.to_linear()
+    x = torch.randn(7, 32).half()
+    with torch.inference_mode():
+        assert torch.equal(layer(x), reference(x))
+        assert torch.equal(torch.compile(layer, fullgraph=True, backend="eager")(x), reference(x))
+    assert layer.specs[7].startswith("dense_gemm.") and 7 in layer.op.dense_ns and 7 not in layer.op.kernels
+    w, b = layer.op.dense
+    assert layer.device_bytes() == w.numel() * 2 + b.numel() * 2  # no plan kept beside it
+    layer.prepare(3)
+    assert 3 in layer.op.dense_ns and not layer.op.prepared
+    y = torch.ops.sparsegen.spmm(x.T.contiguous(), layer.handle, 24)  # the kernels' layout still runs its GEMM
+    assert torch.allclose(y.T.float(), reference(x).float(), rtol=2e-3, atol=2e-3)
 
 
 def test_operator_called_directly_checks_its_operand():

@@ -278,7 +278,7 @@ def _gb(v) -> str:
 def markdown(doc: dict, png_name=None, png_note=None) -> str:
     L = header_lines(doc)
     L += ["Decode throughput of an OPT decoder (transformers' OPTForCausalLM from a config, random weights) "
-          "whose decoder-layer Linears are magnitude-pruned: sparsegen's SparseLinear (`torch.ops.sparsegen.spmm`) "
+          "whose decoder-layer Linears are magnitude-pruned: sparsegen's SparseLinear (`torch.ops.sparsegen.linear`) "
           "against the same pruned weights in dense `nn.Linear`s. Both decode with one step compiled "
           "(torch.compile, inductor, fullgraph) and captured in a CUDA graph, replayed per token; the prompt's "
           "KV cache is made once (dense) and both decode the same new tokens. tokens/s = batch x new tokens / "
@@ -289,7 +289,7 @@ def markdown(doc: dict, png_name=None, png_note=None) -> str:
     host = doc.get("host_us")
     if host and "eager" in host:
         L += [f"Host time per call of one SparseLinear ({host['layer']}, N = 1, `{host.get('spec')}`): "
-              f"eager {host['eager']:.1f} µs, through the dispatcher (`torch.ops.sparsegen.spmm`) "
+              f"eager {host['eager']:.1f} µs, through the dispatcher (`torch.ops.sparsegen.linear`) "
               f"{host['dispatcher']:.1f} µs, inside a replayed CUDA graph {host['graph_replay']:.3f} µs.", ""]
     ok = [c for c in doc["cases"] if c.get("status") == "ok"]
     for key, cs in _groups(ok).items():
