@@ -294,13 +294,17 @@ def same_run(a, b):
             and a.skipped == b.skipped)
 
 
+def whole_and_lazy(layers, cap):
+    """The network built whole and lazily (relabeled: the chain must go on window by window)."""
+    kw = {"bias": -0.01, "cap": cap, "backend": "emulate", "relabel": "always", "progress": False}
+    return sparsegen.SparseDNN(layers, **kw), sparsegen.SparseDNN(layers, **kw, build="lazy")
+
+
 def test_lazy_network_builds_only_the_layers_a_converged_run_reaches(monkeypatch):
     monkeypatch.setattr(spdnn, "LAZY_FIRST", 8)
     layers = saturating_network(40, 40, seed=7)
     x = inputs_with_copies(80, 40, seed=8, copies=20)
-    whole = sparsegen.SparseDNN(layers, bias=-0.01, cap=8.0, backend="emulate", relabel="always", progress=False)
-    lazy = sparsegen.SparseDNN(layers, bias=-0.01, cap=8.0, backend="emulate", relabel="always", progress=False,
-                               build="lazy")
+    whole, lazy = whole_and_lazy(layers, 8.0)
     assert lazy.layers_built == 8 and whole.layers_built == 40 and lazy.fixed == whole.fixed and lazy.fixed_from == 0
     assert (lazy.edges, lazy.outputs, lazy.width, lazy.neurons) == (whole.edges, whole.outputs, whole.width, whole.neurons)
     on = lazy.run(x)
@@ -322,9 +326,7 @@ def test_lazy_network_that_never_converges_runs_every_window_exactly(monkeypatch
     monkeypatch.setattr(spdnn, "LAZY_FIRST", 4)
     layers = saturating_network(40, 20, seed=9)
     x = inputs_with_copies(60, 40, seed=10, copies=10)
-    whole = sparsegen.SparseDNN(layers, bias=-0.01, cap=1e6, backend="emulate", relabel="always", progress=False)
-    lazy = sparsegen.SparseDNN(layers, bias=-0.01, cap=1e6, backend="emulate", relabel="always", progress=False,
-                               build="lazy")
+    whole, lazy = whole_and_lazy(layers, 1e6)
     assert lazy.fixed_from == 0 and lazy.layers_built == 4
     r, ref = lazy.run(x), whole.run(x)
     assert same_run(r, ref) and not any(r.skipped) and r.ids.size
