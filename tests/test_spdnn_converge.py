@@ -56,6 +56,13 @@ def saturating_network(width, layers, seed):
     return out
 
 
+@pytest.fixture(scope="module")
+def official(data_dir):
+    """The official 1024-neuron network and its first 1,200 inputs, read once: (folder, layers, inputs)."""
+    d = data_dir / "graphchallenge"
+    return d, gc.read_network(d), gc.read_inputs(d / "sparse-images-1024-first1200.tsv.gz", 1024)
+
+
 def bitwise(a, b):
     return np.array_equal(np.asarray(a, np.float32).view(np.uint32), np.asarray(b, np.float32).view(np.uint32))
 
@@ -143,10 +150,8 @@ def test_skipping_needs_the_proof_of_every_later_layer():
     assert np.all(on.features[:, 1:] == 8.0) and np.all(on.features[:, 0] < 8.0)
 
 
-def test_official_network_converges_at_the_all_cap_row(data_dir):
-    d = data_dir / "graphchallenge"
-    layers = gc.read_network(d)
-    x = gc.read_inputs(d / "sparse-images-1024-first1200.tsv.gz", 1024)
+def test_official_network_converges_at_the_all_cap_row(official):
+    d, layers, x = official
     net = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="emulate", progress=False)
     assert net.fixed_from == 0
     on, off = both(net, x)
@@ -344,10 +349,8 @@ def test_lazy_network_whose_inputs_all_die_skips_the_rest_unbuilt(monkeypatch):
     assert r.alive_per_layer == (0,) * 12 and r.skipped == (False,) + (True,) * 11
 
 
-def test_lazy_official_network_builds_one_window(data_dir):
-    d = data_dir / "graphchallenge"
-    layers = gc.read_network(d)
-    x = gc.read_inputs(d / "sparse-images-1024-first1200.tsv.gz", 1024)
+def test_lazy_official_network_builds_one_window(official):
+    d, layers, x = official
     net = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="emulate", progress=False, build="lazy")
     r = net.run(x)
     assert r.categories.tolist() == np.loadtxt(d / "categories-first1200.tsv", dtype=int).tolist()
@@ -439,10 +442,8 @@ def tables(r):
 
 
 @pytest.mark.gpu
-def test_gpu_official_network_converges_exactly(data_dir):
-    d = data_dir / "graphchallenge"
-    layers = gc.read_network(d)
-    x = gc.read_inputs(d / "sparse-images-1024-first1200.tsv.gz", 1024)
+def test_gpu_official_network_converges_exactly(official):
+    d, layers, x = official
     emu = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="emulate", progress=False).run(x)
     net = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="gpu", progress=False)
     expected = np.loadtxt(d / "categories-first1200.tsv", dtype=int).tolist()
@@ -466,10 +467,8 @@ def test_gpu_official_network_converges_exactly(data_dir):
 
 
 @pytest.mark.gpu
-def test_gpu_lazy_official_network_builds_one_window_and_gives_the_same_answer(data_dir):
-    d = data_dir / "graphchallenge"
-    layers = gc.read_network(d)
-    x = gc.read_inputs(d / "sparse-images-1024-first1200.tsv.gz", 1024)
+def test_gpu_lazy_official_network_builds_one_window_and_gives_the_same_answer(official):
+    _, layers, x = official
     whole = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="gpu", progress=False).run(x)
     net = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="gpu", progress=False, build="lazy").prepare()
     for mode in ({}, {"split": True}, {"weights": "streamed"}, {"batch": 500}):
@@ -482,13 +481,11 @@ def test_gpu_lazy_official_network_builds_one_window_and_gives_the_same_answer(d
 
 
 @pytest.mark.gpu
-def test_gpu_full_minibatches_and_copies_of_every_input(data_dir):
+def test_gpu_full_minibatches_and_copies_of_every_input(official):
     """The official images twice over (2400 inputs): the first layers take full minibatches (more rows
     than 12 per SM), later ones fewer inputs per pass as rows die; every input has a copy, which the
     passes find. Pruning in the layer kernel or in a kernel of its own, converge on or off: the same bits."""
-    d = data_dir / "graphchallenge"
-    layers = gc.read_network(d)
-    x = gc.read_inputs(d / "sparse-images-1024-first1200.tsv.gz", 1024)
+    d, layers, x = official
     x2 = sp.vstack([x, x], format="csr")
     expected = np.loadtxt(d / "categories-first1200.tsv", dtype=int) - 1
     emu = sparsegen.SparseDNN(layers, bias=-0.3, cap=32, backend="emulate", progress=False).run(x2)
