@@ -315,12 +315,18 @@ class SparseDNN:
         return self._in_original_labels(replace(result, timings_ms=timings, memory=memory, launches=launches,
                                                 layer_ms=layer_ms))
 
+    def converged(self, rows, at: int) -> bool:
+        """Whether `rows` (the rows entering layer `at`, dense) are all at the cap and every layer from
+        `at` on is proven to keep them there: the rest of the network can be skipped."""
+        return (self.cap is not None and at >= self.fixed_from and isinstance(rows, np.ndarray)
+                and bool((rows == np.float32(self.cap)).all()))
+
     def _run_windows(self, x, batch, weights: str, prune: str, split: bool) -> Result:
         """A lazy network's converging run: windows of layers (LAZY_FIRST, then doubling), each built
         when reached and run as a segment on the rows the last one left. Once the rows are all at the
         cap past the proven-fixed layers, or none is left, the rest is skipped unbuilt. Exact as the
         whole run: segments chain bit for bit (`segment`)."""
-        count, cap = self.count, None if self.cap is None else np.float32(self.cap)
+        count = self.count
         ids, rows, at = np.arange(x.shape[0]), x, 0
         alive, distinct, skipped, passes, layer_ms, windows = [], [], [], [], [], []
         timings, memory = {}, {}
@@ -342,12 +348,12 @@ class SparseDNN:
             at = stop
             if at == count:
                 break
-            if not ids.size or (cap is not None and at >= self.fixed_from and bool((rows == cap).all())):
+            if not ids.size or self.converged(rows, at):
                 rest = count - at
                 alive += [int(ids.size)] * rest
                 distinct += [0] * rest
                 skipped += [True] * rest
-                rows = np.full((ids.size, self.outputs), cap or 0, np.float32)
+                rows = np.full((ids.size, self.outputs), self.cap or 0, np.float32)
                 break
         timings["compile"] = self.compile_ms
         launches = {"windows": windows, "tail_from": [t + w["layers"][0] - 1 for w in windows for t in w.get("tail_from", ())]}

@@ -136,9 +136,7 @@ class Runner:
 
     def _converged(self, at: int) -> bool:
         """Every row at the cap, and every layer from `at` on proven to keep it there."""
-        cap = self.net.cap
-        return (self.mode == "auto" and cap is not None and at > 0 and at >= self.net.fixed_from
-                and isinstance(self.rows, np.ndarray) and bool((self.rows == np.float32(cap)).all()))
+        return self.mode == "auto" and at > 0 and self.net.converged(self.rows, at)
 
     # -------------------------------------------------------------------------------------- moving
 
