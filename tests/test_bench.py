@@ -747,6 +747,30 @@ def test_timing_order_spin_then_event_then_launch():
     assert warm.count("fn") >= 3
 
 
+class FlushingSimGpu(SimGpu):
+    """SimGpu with the cold-L2 read: a GPU item of `flush_us` that stands before the spin."""
+
+    def __init__(self, *a, flush_us=30.0, **kw):
+        super().__init__(*a, **kw)
+        self.flush_us = flush_us
+
+    def flush_l2(self):
+        self.log.append("flush")
+        self._enqueue(self.flush_us, self.enqueue_us)
+
+
+def test_timing_flushes_l2_before_every_timed_launch_outside_the_events():
+    gpu = FlushingSimGpu(kernel_us=10.0, host_us=5.0, flush_us=300.0)
+    r = timing.time_cuda(gpu.fn, backend=gpu, min_runs=20, min_ms=1, flush_l2=True)
+    assert r["median_ms"] == pytest.approx(0.010, rel=1e-6)   # the flush is not timed
+    assert r["l2"] == "flushed" and "l2" in timing.recorded(r)
+    seq = gpu.log[gpu.log.index("flush"):]
+    timed = [i for i in range(len(seq) - 4) if seq[i:i + 5] == ["flush", "sleep", "event", "fn", "event"]]
+    assert len(timed) == seq.count("flush") == r["runs"] + r["set_aside"]
+    warm = SimGpu(kernel_us=10.0, host_us=5.0)
+    assert timing.time_cuda(warm.fn, backend=warm, min_runs=20, min_ms=1)["l2"] == "warm"
+
+
 def test_timing_warmup_at_least_25ms():
     gpu = SimGpu(kernel_us=1000.0, host_us=5.0)         # 1 ms kernels: >= 25 warm-up launches
     r = timing.time_cuda(gpu.fn, backend=gpu)

@@ -18,6 +18,8 @@ Torch, CuPy and sparsegen's GPU runtime are imported only when an executor is ma
 """
 from __future__ import annotations
 
+import functools
+
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -58,6 +60,8 @@ def fraction_of(bytes_moved, ms, copy_bytes_per_s):
 class GpuExecutor:
     """Measures on the current CUDA device with torch and sparsegen's GPU runtime (CuPy optional)."""
 
+    cold_l2 = False  # flush L2 before every timed launch (bench/timing.py, "Cold L2")
+
     def __init__(self, *, cusparse: bool = True, timer=None, cupy: bool = False):
         from sparsegen.bench import cuda_torch
 
@@ -71,7 +75,7 @@ class GpuExecutor:
         warnings.filterwarnings("ignore", message=".*[Ss]parse invariant checks are implicitly")
         self.torch = torch
         self.sparsegen = sparsegen
-        self.timer = timer or time_cuda
+        self.timer = timer or functools.partial(time_cuda, flush_l2=self.cold_l2)
         self.cusparse = cusparse
         self.device = torch.device("cuda", torch.cuda.current_device())
         torch.zeros(1, device=self.device)  # the primary context first, then sparsegen's runtime

@@ -380,7 +380,7 @@ def run(cfg, *, env: dict, executor=None, emit=print, checkpoint=None, clock=tim
             "max_minutes": cfg.max_minutes, "tolerance": TOLERANCE, "check_rows": CHECK_ROWS,
             "cusparse": bool(getattr(cfg, "cusparse", True)), "cusparse_cap_ms": CUSPARSE_CAP_MS,
             "families": list(FAMILIES), "workers": getattr(cfg, "workers", None),
-            "timing": {"min_runs": 20, "min_ms": 100, "warmup_runs": 3, "warmup_ms": 25},
+            "timing": {"min_runs": 20, "min_ms": 100, "warmup_runs": 3, "warmup_ms": 25, "l2": "flushed"},
         },
         "notes": list(work.notes),
         "environment": {k: v for k, v in env.items()

@@ -137,7 +137,8 @@ def markdown(doc: dict, *, png_name=None, png_note=None) -> str:
           "`sparsegen` = the kernel `sparsegen.compile` selects by default; `tiled_csl_spmm` and "
           "`tiled_bitmap_spmm` = that family forced. cuBLAS = dense `torch.matmul` (tensor cores), "
           "cuSPARSE = `torch.mm` of an int32 CSR tensor. Times are medians of single launches "
-          "timed with CUDA events (`sparsegen/bench/timing.py`); speedup = cuBLAS time ÷ time. "
+          "timed with CUDA events, L2 flushed before each (`sparsegen/bench/timing.py`: a model reads "
+          "each W once, from DRAM); speedup = cuBLAS time ÷ time. "
           f"Correctness: {CHECK_ROWS} seeded output rows (all N columns) against float64 scipy, "
           f"relative Frobenius error ≤ {TOLERANCE:g}, for every sparsegen kernel timed. "
           "Geomeans run over the passing cases.", ""]
