@@ -434,7 +434,7 @@ def test_every_chosen_spec_fits_an_sm_with_the_residency_it_asks_for(m, k, densi
     request, spec = chosen_spec(fam, m, k, density, n, tile_m)
     values = -(-max(8, int(fullest * spec.tile_m * 64)) // 8) * 8
     spec = fam.finalize(spec, Plan("tiled_bitmap", {}, {"max_tile_values": values}), request)
-    assert fam.DEFAULT_MIN_STAGES <= spec.stages <= fam.MAX_STAGES and spec.vcap == values
+    assert fam.DEFAULT_MIN_STAGES <= spec.stages <= fam.MAX_STAGES and spec.vcap in (values, T.shared_cap(values))
     device = request.device
     assert spec.shared_bytes <= T.smem_budget(spec.min_blocks, device)
     # the register estimate's residency; wide blocks may ask one more of ptxas (128 registers, measured

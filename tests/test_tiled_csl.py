@@ -346,7 +346,9 @@ def test_option_bn_narrows_column_blocks_and_is_checked(family):
 def test_api_compile_emulate_and_describe():
     a = random_csr(200, 300, 0.3, seed=12)
     kernel = sparsegen.compile(a, n=32, dtype="float16", backend="emulate", options={"family": "tiled_csl_spmm"})
-    assert kernel.spec.cap_vecs == kernel.plan.constants["max_tile_vectors"] >= 1
+    from sparsegen.families import _tiled as T
+
+    assert kernel.spec.cap_vecs == T.shared_cap(kernel.plan.constants["max_tile_vectors"]) >= 1
     assert fam.MIN_STAGES <= kernel.spec.stages <= fam.MAX_STAGES
     assert "TILED_KERNEL\ntiled_csl_spmm(" in kernel.source
     assert f"constexpr int CAP_VECS = {kernel.spec.cap_vecs};" in kernel.source
@@ -423,7 +425,7 @@ def test_every_chosen_spec_fits_an_sm_with_the_residency_it_asks_for(m, k, densi
     request, spec = chosen_spec(fam, m, k, density, n, tile_m)
     vectors = max(1, int(fullest * spec.tile_m * 64 / 4))
     spec = fam.finalize(spec, Plan("tiled_csl", {}, {"max_tile_vectors": vectors}), request)
-    assert fam.MIN_STAGES <= spec.stages <= fam.MAX_STAGES and 1 <= spec.cap_vecs <= vectors
+    assert fam.MIN_STAGES <= spec.stages <= fam.MAX_STAGES and 1 <= spec.cap_vecs <= T.shared_cap(vectors)
     assert spec.min_blocks >= 1
     assert spec.shared_bytes + spec.static_bytes <= T.smem_budget(spec.min_blocks, request.device)
     assert fam.registers(spec.tile_m, spec.bn) * T.THREADS * spec.min_blocks <= request.device.registers_per_sm

@@ -215,6 +215,28 @@ def request_warps(request: Request) -> int:
     return int(request.option("warps", WARPS))
 
 
+CAP_BITS = 5  # significant bits a stage's capacity keeps (it grows by less than 1/2**(CAP_BITS - 1))
+
+
+def shared_cap(fullest: int) -> int:
+    """A stage's capacity for a plan whose fullest tile holds `fullest` units, rounded up to
+    CAP_BITS significant bits. The capacity is a constant of the kernel's source, so the exact
+    fullest tile would give every weight its own cubin; rounded, the weights of one shape and
+    sparsity (a model's every layer) share one: a 32-layer decoder then compiles a kernel per
+    shape and N, not one per layer. 846..861 -> 864, 443 -> 448, 452 -> 464."""
+    fullest = max(int(fullest), 1)
+    step = 1 << max(fullest.bit_length() - CAP_BITS, 0)
+    return -(-fullest // step) * step
+
+
+def with_shared_cap(fullest: int, build, fits):
+    """`build(cap)` at the rounded capacity (`shared_cap`) where that spec `fits` the SM, else at
+    the exact one: rounding never costs a ring that fits."""
+    fullest = max(int(fullest), 1)
+    spec = build(shared_cap(fullest))
+    return spec if shared_cap(fullest) == fullest or fits(spec) else build(fullest)
+
+
 MAX_ACCUMULATORS = 64  # fp32 accumulators per thread (MF x NF x 4) a spec may ask for: more spill
 
 

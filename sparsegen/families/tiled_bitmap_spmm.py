@@ -223,12 +223,18 @@ def encode(csr, spec: Spec, bias=None):
 
 def finalize(spec: Spec, plan, request: Request) -> Spec:
     """Size a stage's value buffer for the fullest tile, then the ring depth and residency."""
-    vcap = max(8, plan.constants["max_tile_values"])
     estimated = register_blocks(spec.tile_m, spec.bn, request.device, spec.warps)
-    blocks, stages = ring_for(spec.tile_m, spec.bn, vcap, request, spec.warps, spec.granule,
-                              blocks=spec.min_blocks if spec.min_blocks > estimated else None)
-    return T.with_stream_grid(dataclasses.replace(spec, vcap=vcap, stages=stages, min_blocks=blocks),
-                              request.device.sm_count)
+
+    def build(vcap):
+        blocks, stages = ring_for(spec.tile_m, spec.bn, vcap, request, spec.warps, spec.granule,
+                                  blocks=spec.min_blocks if spec.min_blocks > estimated else None)
+        return dataclasses.replace(spec, vcap=vcap, stages=stages, min_blocks=blocks)
+
+    def fits(s):
+        return s.shared_bytes <= T.smem_budget(s.min_blocks, request.device)
+
+    spec = T.with_shared_cap(max(8, plan.constants["max_tile_values"]), build, fits)
+    return T.with_stream_grid(spec, request.device.sm_count)
 
 
 def steps(spec: Spec, plan) -> tuple:

@@ -181,7 +181,7 @@ def finalize(spec: Spec, plan, request: Request) -> Spec:
     cap_vecs= forces the slot size (e.g. to exercise the from-global rest)."""
     kt_per_split = (stream_kt_bound(spec.m, spec.tile_m, spec.k_tiles, request) if spec.reduction == "stream"
                     else spec.kt_per_split)
-    blocks, stages, cap = ring_for(spec.tile_m, spec.bn, plan.constants["max_tile_vectors"], kt_per_split,
+    blocks, stages, cap = ring_for(spec.tile_m, spec.bn, T.shared_cap(plan.constants["max_tile_vectors"]), kt_per_split,
                                    request, spec.warps, spec.warp_k)
     forced = request.option("cap_vecs")
     cap = max(1, int(forced)) if forced is not None else cap

@@ -202,9 +202,14 @@ def encode(csr, spec: Spec, bias=None):
 
 def finalize(spec: Spec, plan, request: Request) -> Spec:
     """Size a stage's stream buffer for the fullest tile, then the ring depth and residency."""
-    cap = max(1, plan.constants["max_tile_chunks"])
-    blocks, stages = ring_for(spec.tile_m, spec.tile_k, spec.bn, cap, spec.kt_per_split, request)
-    return dataclasses.replace(spec, cap_chunks=cap, stages=stages, min_blocks=blocks)
+    def build(cap):
+        blocks, stages = ring_for(spec.tile_m, spec.tile_k, spec.bn, cap, spec.kt_per_split, request)
+        return dataclasses.replace(spec, cap_chunks=cap, stages=stages, min_blocks=blocks)
+
+    def fits(s):
+        return s.shared_bytes + static_bytes(s.kt_per_split) <= T.smem_budget(s.min_blocks, request.device)
+
+    return T.with_shared_cap(plan.constants["max_tile_chunks"], build, fits)
 
 
 def steps(spec: Spec, plan) -> tuple:
