@@ -89,7 +89,7 @@ class FakeExample:
 
     def build(self, model, dtype, device, layers):
         self.calls.append(("build", model, dtype, layers))
-        return SimpleNamespace(model=model)
+        return SimpleNamespace(model=model, config=SimpleNamespace(num_hidden_layers=layers or 24))
 
     def pruned_pair(self, base, sparsity, *, backend, workers, ns):
         self.calls.append(("prune", sparsity, tuple(ns)))
@@ -132,6 +132,9 @@ def test_run_records_every_case_and_goes_on_past_failures():
     assert "differ by 0.5 > tolerance 0.02" in doc["cases"][2]["note"]
     assert doc["host_us"]["eager"] == 6.5 and saved == [1, 2, 3, 4]
     assert any("eager 6.5 us" in line for line in lines) and any("2.00x" in line for line in lines)
+    assert any(line.startswith("opt-1.3b float16: built (24 decoder layers) in ") for line in lines)
+    assert any(line.startswith("opt-1.3b s0.8: pruned 1 Linears and compiled their kernels for N = 1, 32 in ")
+               for line in lines)
     assert suite.exit_status(doc) == 1
 
 

@@ -157,7 +157,10 @@ def run(cfg, *, env: dict, emit=print, checkpoint=None, previous=None, example=N
     deadline = clock() + 60 * cfg.max_minutes if cfg.max_minutes else None
     for (model_name, layers, dtype), by_sparsity in groups.items():
         try:
+            started = time.perf_counter()
             base = example.build(model_name, dtype, RUN["device"], layers)
+            emit(f"{model_name} {dtype}: built ({base.config.num_hidden_layers} decoder layers) in "
+                 f"{time.perf_counter() - started:.1f} s")
         except Exception as exc:  # every case of the model fails, and the suite goes on
             for c in (c for cs in by_sparsity.values() for c in cs):
                 done(failed(c, exc))
@@ -185,6 +188,8 @@ def _run_sparsity(example, base, cases, cfg, doc, emit, done) -> None:
             copy.deepcopy(base), cases[0]["sparsity"], backend="gpu" if RUN["device"] == "cuda" else "emulate",
             workers=default_workers() if cfg.workers is None else cfg.workers, ns=[c["batch"] for c in cases])
         prepared_s = time.perf_counter() - started
+        emit(f"{cases[0]['model']} s{cases[0]['sparsity']:g}: pruned {len(report.layers)} Linears and compiled their "
+             f"kernels for N = {', '.join(str(c['batch']) for c in cases)} in {prepared_s:.1f} s")
     except Exception as exc:
         for c in cases:
             done(failed(c, exc))
@@ -193,6 +198,7 @@ def _run_sparsity(example, base, cases, cfg, doc, emit, done) -> None:
         doc["host_us"] = _host_time(example, report, emit)
     for c in cases:
         try:
+            emit(f"{c['id']}: measuring (each model's step compiled, captured and replayed)")
             r = example.measure(dense, sparse, report, batch=c["batch"], prompt=c["prompt"],
                                 new_tokens=c["new_tokens"], repeats=REPEATS, **RUN)
             done(record(c, r, report, prepared_s))
