@@ -36,6 +36,7 @@ import torch
 from . import api, cudriver, runtime
 from .errors import LaunchError, ShapeError, SparsegenError, UnsupportedError
 from .families.base import LibraryGemm
+from .select import select
 
 OP = "sparsegen::spmm"
 DTYPES = {name: getattr(torch, name) for name in ("float32", "float16", "bfloat16")}
@@ -151,7 +152,8 @@ class OpLayer:
         """Whether N = n runs as a dense Linear. Where selection picks the dense fallback for n, the
         layer computes what nn.Linear does, F.linear on W densified (one cuBLAS call with its bias),
         rather than the fallback's GEMM on the transposed operands with a bias pass and two
-        transposes around it. Decided once per n; the dense W is made once per layer."""
+        transposes around it; and so it does where selection picks dense for the layer asked without
+        its bias (`dense_spec_fused`). Decided once per n; the dense W is made once per layer."""
         if n in self.dense_ns:
             return True
         if n in self.sparse_ns or n <= 0:
@@ -161,17 +163,30 @@ class OpLayer:
                               f"capture, and choosing its kernel cannot be captured; run the layer once at N = {n} "
                               f"(or call prepare({n})) before capturing")
         kernel = self.kernel(n)
-        if kernel.spec.family != "dense_gemm":
+        dense_spec = kernel.spec.name if kernel.spec.family == "dense_gemm" else self.dense_spec_fused(kernel)
+        if dense_spec is None:
             self.sparse_ns.add(n)
             return False
-        self.kernels.pop(n)  # its host plan is W densified: F.linear reads the tensor below instead
+        self.kernels.pop(n)  # F.linear reads the dense tensor below instead of this kernel's plan
         if self.dense is None:
             device = torch.device("cuda", runtime.device_ordinal()) if self.backend == "gpu" else torch.device("cpu")
             w = torch.from_numpy(self.csr.toarray()).to(device=device, dtype=self.torch_dtype)
             b = None if self.bias is None else torch.from_numpy(self.bias).to(device=device, dtype=self.torch_dtype)
             self.dense = (w, b)
-        self.dense_ns[n] = kernel.spec.name
+        self.dense_ns[n] = dense_spec
         return True
+
+    def dense_spec_fused(self, kernel: api.Kernel) -> str | None:
+        """The dense spec selection picks over the sparse `kernel` when asked as a Linear runs, else
+        None. The dense fallback `compile` prices adds its bias in a second launch; F.linear fuses
+        it, as the sparse kernels do. So a layer with a bias asks again without it, which compares
+        the two routes a Linear has, each with its bias fused (docs/decisions/012-cold-l2.md)."""
+        if self.bias is None or self.options.get("family"):
+            return None
+        r = kernel.request
+        selection = select(kernel.stats, op="spmm", n=r.n, dtype=r.dtype, arch=r.arch, options=r.options,
+                           device=r.device)
+        return selection.spec.name if selection.spec.family == "dense_gemm" else None
 
     def prepare_linear(self, n: int) -> None:
         """What `forward` needs at N = n, made now: the dense W where n runs as a dense Linear, else

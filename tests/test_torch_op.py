@@ -19,6 +19,7 @@ import scipy.sparse as sp
 
 torch = pytest.importorskip("torch", reason="torch not installed: sparsegen.torch is optional")
 
+import sparsegen  # noqa: E402
 import sparsegen.torch as sgt  # noqa: E402
 from sparsegen import cudriver, prune, runtime, torch_op  # noqa: E402
 from sparsegen.errors import LaunchError, ShapeError, SparsegenError  # noqa: E402
@@ -165,7 +166,9 @@ def test_opcheck_passes(dtype):
 def test_linear_opcheck_passes(dtype):
     """The layer's operator in nn.Linear's layout, through the kernel and through F.linear (the
     dense fallback's token counts): the schema, the fake against the real kernel, AOT dispatch."""
-    sparse = sgt.SparseLinear.from_dense(torch.nn.Linear(32, 24).to(dtype), 0.5, backend="emulate")
+    # a W this small runs dense as a Linear in half precision: the tile kernel is asked for by name
+    kernel = None if dtype == torch.float32 else {"family": "tiled_csl_spmm"}
+    sparse = sgt.SparseLinear.from_dense(torch.nn.Linear(32, 24).to(dtype), 0.5, backend="emulate", options=kernel)
     dense = sgt.SparseLinear.from_dense(torch.nn.Linear(32, 24).to(dtype), 0.5, backend="emulate",
                                         options={"family": "dense_gemm"})
     for layer in (sparse, dense):
@@ -462,3 +465,27 @@ def test_compressing_on_the_device_gives_the_hosts_csr(dtype):
     assert np.array_equal(got.indptr, want.indptr) and np.array_equal(got.indices, want.indices)
     assert np.array_equal(got.data, want.data) and got.dtype == np.float32
     assert sgt.compressed(torch.zeros(3, 4)).nnz == 0
+
+
+def test_a_layer_with_a_bias_weighs_dense_as_f_linear_runs_it():
+    """The dense fallback compile() prices adds the bias in a second launch; F.linear fuses it, as
+    the sparse kernels do. Where that launch alone tips selection to the sparse kernel, the layer
+    asks without the bias and runs F.linear: exactly the dense pruned Linear."""
+    torch.manual_seed(3)
+    linear = torch.nn.Linear(2048, 2048).half()
+    layer = sgt.SparseLinear.from_dense(linear, 0.8, backend="emulate")
+    stats = sparsegen.analyze(layer.csr)
+    with_bias = sparsegen.select(stats, op="spmm", n=1, dtype="float16", bias=True)
+    fused = sparsegen.select(stats, op="spmm", n=1, dtype="float16", bias=False)
+    assert with_bias.spec.family != "dense_gemm" and fused.spec.family == "dense_gemm"  # the case this is about
+    x = torch.randn(1, 2048).half()
+    with torch.inference_mode():
+        assert torch.equal(layer(x), layer.to_linear()(x))
+    assert layer.specs[1] == fused.spec.name and 1 in layer.op.dense_ns and 1 not in layer.op.kernels
+    no_bias = sgt.SparseLinear(layer.dense_weight(), None, backend="emulate")
+    no_bias.prepare(1)
+    assert no_bias.specs[1] == fused.spec.name  # without a bias there is nothing to weigh again
+    forced = sgt.SparseLinear(layer.dense_weight(), linear.bias, backend="emulate",
+                              options={"family": with_bias.spec.family})
+    forced.prepare(1)
+    assert forced.specs[1].startswith(with_bias.spec.family) and 1 in forced.op.sparse_ns

@@ -24,8 +24,8 @@ process with events.
 Cold L2 (`flush_l2=True`)
 -----------------------
 Launching one kernel back to back reads its operands from L2 from the second launch on, wherever
-they fit (50 MB on the H100 and H200). A model's forward pass reads each layer's weight once, from
-DRAM: a pruned 4096 x 4096 fp16 W at 80 % is 13 MB, its dense copy 34 MB, and both fit. So the
+they fit (50 MB on the H100, 60 MB on the H200). A model's forward pass reads each layer's weight
+once, from DRAM: a pruned 4096 x 4096 fp16 W at 80 % is 13 MB, its dense copy 34 MB, and both fit. So the
 suites that stand for inference (`llm`, the calibration, tuning) flush L2 before every timed
 launch: a kernel reads a scratch buffer twice L2's size (its lines are clean, so nothing is written
 back when the launch evicts them), before the spin, outside the events. The flush is not timed.
