@@ -893,3 +893,24 @@ def test_a_dlmc_worker_compiles_what_the_parent_finds_warm(tmp_path, monkeypatch
         pf.release(case)
     pf.close()
     assert not folder.exists()
+
+
+def test_the_inference_suites_time_with_l2_flushed_and_dlmc_warm(monkeypatch):
+    """llm and the calibration time a W read once from DRAM, as a forward pass reads it; dlmc's
+    operands stay in L2, as a layer's do when it runs in a loop (docs/decisions/012-cold-l2.md)."""
+    from sparsegen import calibration
+    from sparsegen.bench import dlmc_gpu, executor, llm_gpu
+
+    assert llm_gpu.GpuExecutor.default_timer().keywords == {"flush_l2": True}
+    assert dlmc_gpu.GpuExecutor.default_timer().keywords == {"flush_l2": False}
+    assert executor.GpuExecutor.default_timer().func is timing.time_cuda
+    asked = {}
+
+    def fake_time_cuda(fn, **kw):
+        asked.update(kw)
+        return {"median_ms": 2.0}
+
+    monkeypatch.setattr(timing, "time_cuda", fake_time_cuda)
+    probe = object.__new__(calibration.GpuProbe)
+    assert calibration.GpuProbe.time(probe, lambda: None, calibration.QUICK) == pytest.approx(2e-3)
+    assert asked["flush_l2"] is True

@@ -102,3 +102,21 @@ def test_tune_times_every_family_keeps_the_fastest_and_caches_it():
     assert Cache().get("tune", tune.tune_key(a, asked)) is not None
     x = np.random.default_rng(0).standard_normal((2048, 128)).astype(np.float32)
     assert rel_error(again(x), reference(a, x)) <= 1e-5
+
+
+def test_timed_candidates_read_w_from_dram_as_the_calibration_does(monkeypatch):
+    pytest.importorskip("torch")  # without it a candidate is timed by back-to-back batches, L2 warm
+    from sparsegen.bench import timing
+
+    asked = {}
+
+    def fake_time_cuda(fn, **kw):
+        fn()
+        asked.update(kw)
+        return {"median_ms": 0.5}
+
+    calls = []
+    monkeypatch.setattr(timing, "time_cuda", fake_time_cuda)
+    monkeypatch.setattr(tune, "random_operands", lambda kernel: ((1, 2), "y"))
+    assert tune.time_kernel(lambda *args, out: calls.append((args, out)), runs=7) == 0.5
+    assert asked == {"min_runs": 7, "min_ms": tune.SPIN_TIMED_MS, "flush_l2": True} and calls == [((1, 2), "y")]

@@ -62,20 +62,26 @@ class GpuExecutor:
 
     cold_l2 = False  # flush L2 before every timed launch (bench/timing.py, "Cold L2")
 
+    @classmethod
+    def default_timer(cls):
+        """`time_cuda`, with L2 flushed before every launch where the suite says so (`cold_l2`)."""
+        from sparsegen.bench.timing import time_cuda
+
+        return functools.partial(time_cuda, flush_l2=cls.cold_l2)
+
     def __init__(self, *, cusparse: bool = True, timer=None, cupy: bool = False):
         from sparsegen.bench import cuda_torch
 
         torch = cuda_torch()
         import sparsegen
         from sparsegen import runtime
-        from sparsegen.bench.timing import time_cuda
         from sparsegen.select.device import DeviceModel
 
         warnings.filterwarnings("ignore", message=".*[Ss]parse CSR tensor support is in beta.*")
         warnings.filterwarnings("ignore", message=".*[Ss]parse invariant checks are implicitly")
         self.torch = torch
         self.sparsegen = sparsegen
-        self.timer = timer or functools.partial(time_cuda, flush_l2=self.cold_l2)
+        self.timer = timer or self.default_timer()
         self.cusparse = cusparse
         self.device = torch.device("cuda", torch.cuda.current_device())
         torch.zeros(1, device=self.device)  # the primary context first, then sparsegen's runtime
