@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import sparsegen  # noqa: E402
 from sparsegen.bench.timing import time_cuda  # noqa: E402
 from sparsegen.bench.weights import as_dtype, random_weight  # noqa: E402
+from _emit import emitter  # noqa: E402  (lab/probes/_emit.py)
 
 DEFAULT = "4096x4096:0.8:1,4096x4096:0.8:16,7168x7168:0.8:16,7168x7168:0.9:16,28672x7168:0.9:16,28672x7168:0.8:16"
 
@@ -29,12 +30,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    out = open(os.path.join(os.environ["OUT"], "cold_l2_probe.txt"), "w") if os.environ.get("OUT") else None
-
-    def emit(line):
-        print(line, flush=True)
-        if out:
-            out.write(line + "\n")
+    emit = emitter("cold_l2_probe.txt")
 
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     emit(f"# {torch.cuda.get_device_name()}: L2 {l2 / 1e6:.0f} MB")

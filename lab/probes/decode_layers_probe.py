@@ -26,6 +26,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
+from _emit import emitter  # noqa: E402  (lab/probes/_emit.py)
+
 MODELS = {"opt-1.3b": 2048, "opt-6.7b": 4096, "opt-13b": 5120, "opt-30b": 7168}
 
 
@@ -84,13 +86,7 @@ def main() -> int:
     from sparsegen.bench.executor import GpuExecutor
     from sparsegen.torch import SparseLinear, magnitude_prune, precompile
 
-    out = open(os.path.join(os.environ["OUT"], "decode_layers_probe.txt"), "a") if os.environ.get("OUT") else None
-
-    def emit(line):
-        print(line, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
+    emit = emitter("decode_layers_probe.txt", "a")
 
     h = MODELS[args.model]
     shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes

@@ -22,6 +22,7 @@ from sparsegen.bench.llm import parse_shapes  # noqa: E402
 from sparsegen.bench.weights import as_dtype, random_weight  # noqa: E402
 from sparsegen.bench.report import geomean  # noqa: E402
 from sparsegen.bench.timing import time_cuda  # noqa: E402
+from _emit import emitter  # noqa: E402  (lab/probes/_emit.py)
 
 
 def main() -> int:
@@ -36,12 +37,7 @@ def main() -> int:
 
     extra = dict(kv.split("=") for kv in args.options.split(",") if kv)
     extra = {k: int(v) if v.isdigit() else v for k, v in extra.items()}
-    out = open(os.path.join(os.environ["OUT"], "llm_family_probe.txt"), "w") if os.environ.get("OUT") else None
-
-    def emit(line):
-        print(line, flush=True)
-        if out:
-            out.write(line + "\n")
+    emit = emitter("llm_family_probe.txt")
 
     ratios = {}
     for (m, k) in parse_shapes(args.shapes):
