@@ -87,15 +87,11 @@ def _spmm_fake(x: torch.Tensor, handle: int, m: int) -> torch.Tensor:
 LINEAR = "sparsegen::linear"
 
 
-@torch.library.custom_op(LINEAR, mutates_args=(), device_types="cpu")
+@torch.library.custom_op(LINEAR, mutates_args=(), device_types=("cpu", "cuda"))
 def linear(x: torch.Tensor, handle: int, m: int) -> torch.Tensor:
     """y = x·Wᵀ + b for the layer `handle` names, as nn.Linear lays it out: x (..., K) of the layer's
-    dtype, y (..., m) contiguous. What SparseLinear's traced forward calls. CPU: the emulator."""
-    return layer_of(handle).forward(x)
-
-
-@linear.register_kernel("cuda")
-def _linear_cuda(x: torch.Tensor, handle: int, m: int) -> torch.Tensor:
+    dtype, y (..., m) contiguous. What SparseLinear's traced forward calls. The layer's `forward`
+    serves both devices: the emulator on CPU tensors, the kernel or F.linear on CUDA ones."""
     return layer_of(handle).forward(x)
 
 

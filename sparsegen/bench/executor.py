@@ -19,7 +19,6 @@ Torch, CuPy and sparsegen's GPU runtime are imported only when an executor is ma
 from __future__ import annotations
 
 import functools
-
 import time
 import warnings
 from dataclasses import asdict, dataclass

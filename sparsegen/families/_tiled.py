@@ -233,8 +233,9 @@ def with_shared_cap(fullest: int, build, fits):
     """`build(cap)` at the rounded capacity (`shared_cap`) where that spec `fits` the SM, else at
     the exact one: rounding never costs a ring that fits."""
     fullest = max(int(fullest), 1)
-    spec = build(shared_cap(fullest))
-    return spec if shared_cap(fullest) == fullest or fits(spec) else build(fullest)
+    cap = shared_cap(fullest)
+    spec = build(cap)
+    return spec if cap == fullest or fits(spec) else build(fullest)
 
 
 MAX_ACCUMULATORS = 64  # fp32 accumulators per thread (MF x NF x 4) a spec may ask for: more spill
