@@ -181,10 +181,11 @@ def measure(probe, cases, device, settings: Settings, emit=print, deadline: floa
 
 class GpuProbe:
     """Builds the cases through `sparsegen.compile` and times them with CUDA events (PyTorch
-    operands, as the benchmarks do). Compiling runs ahead in a thread: the emulator's compile fills
-    the plan cache, a pool of nvcc threads the cubin cache, so the timed `compile(backend="gpu")`
-    finds both. nvcc runs in `workers` threads, by default one per CPU but the measuring one's: on
-    a fresh machine the first tile shape's compiles decide how many cases fit the budget
+    operands, as the benchmarks do). Compiling runs ahead in `workers` processes, one job per
+    weight and variant (all its N), in plan order: each encodes the weight (backend "emulate", this
+    GPU's arch and model) and runs nvcc into the cache, so the timed `compile(backend="gpu")` finds
+    plans, encodings and cubins warm. Encoding is CPU work of seconds per weight and variant, so a
+    single planning thread leaves the measuring one waiting and the budget drops the tail
     (docs/decisions/010-h200-lanes-rates.md)."""
 
     def __init__(self, workers: int | None = None):
@@ -209,7 +210,7 @@ class GpuProbe:
         self.arch = runtime.current_arch()
         self.workers = workers or max(1, (os.cpu_count() or 2) - 1)
         self.weights: dict = {}
-        self.ready: dict = {}
+        self.ready: dict = {}  # case -> the future of the job that compiles it
         self.pool = None
 
     def properties(self) -> dict:
@@ -234,10 +235,7 @@ class GpuProbe:
     def weight(self, case: Case):
         key = (case.m, case.k, case.density, case.dtype)
         if key not in self.weights:
-            from .bench.weights import as_dtype, random_weight
-
-            w = random_weight(case.m, case.k, 1.0 - case.density, seed=case.m + 7 * case.k)
-            self.weights[key] = w if case.dtype == "float32" else as_dtype(w, case.dtype)
+            self.weights[key] = case_weight(case)
         return self.weights[key]
 
     def compile(self, case: Case, device, backend: str):
@@ -247,34 +245,28 @@ class GpuProbe:
                                  arch=self.arch, backend=backend, device=device)
 
     def prepare(self, cases, device):
-        """Compile every case ahead (plans, then cubins), in order, off the measuring thread."""
-        import threading
-        from concurrent.futures import ThreadPoolExecutor
+        """Submit the compile-ahead jobs: the cases grouped by weight and variant, in plan order."""
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
 
-        self.pool = ThreadPoolExecutor(self.workers)
-        self.stop = threading.Event()
+        from .cache import default_dir
 
-        def cubin(kernel):
-            kernel.cubin  # noqa: B018 - nvcc, into the cubin cache
-
-        def ahead():
-            for case in cases:
-                if self.stop.is_set():
-                    return
-                try:
-                    self.ready[case] = self.pool.submit(cubin, self.compile(case, device, "emulate"))
-                except Exception as exc:  # the measuring thread meets it again and reports it
-                    self.ready[case] = exc
-
-        self.planner = threading.Thread(target=ahead, daemon=True)
-        self.planner.start()
+        groups: dict = {}
+        for case in cases:
+            groups.setdefault((case.m, case.k, case.density, case.dtype, case.options), []).append(case)
+        self.pool = ProcessPoolExecutor(min(self.workers, len(groups)) or 1,
+                                        mp_context=multiprocessing.get_context("spawn"))
+        for group in groups.values():
+            future = self.pool.submit(compile_ahead, tuple(group), self.arch, device, str(default_dir()))
+            self.ready.update((case, future) for case in group)
 
     def run(self, case: Case, device, settings: Settings) -> Timed:
-        while case not in self.ready and self.planner.is_alive():
-            time.sleep(0.01)
         pending = self.ready.get(case)
-        if hasattr(pending, "result"):
-            pending.result()
+        if pending is not None:
+            try:
+                pending.result()
+            except Exception:  # noqa: BLE001 - a dead worker: the compile below does the work and reports
+                pass
         kernel = self.compile(case, device, "gpu")
         tdt = getattr(self.torch, case.dtype)
         x = self.torch.randn(case.k, case.n, device=self.dev).to(tdt)
@@ -284,9 +276,35 @@ class GpuProbe:
 
     def close(self):
         if self.pool is not None:
-            self.stop.set()
             self.pool.shutdown(wait=False, cancel_futures=True)
         self.weights.clear()
+
+
+def case_weight(case: Case):
+    """The case's synthetic weight, seeded by its shape (every process makes the same one)."""
+    from .bench.weights import as_dtype, random_weight
+
+    w = random_weight(case.m, case.k, 1.0 - case.density, seed=case.m + 7 * case.k)
+    return w if case.dtype == "float32" else as_dtype(w, case.dtype)
+
+
+def compile_ahead(cases: tuple, arch: str, device, cache: str) -> None:
+    """Worker side of GpuProbe: compile `cases` (one weight, one variant, every N) with backend
+    "emulate" for `arch` and `device`, cubins too, into the cache folder `cache`. A case that
+    fails is left to the measuring process, which meets the error again and reports it."""
+    import sparsegen
+
+    from .bench.prefetch import cache_dir
+
+    w = case_weight(cases[0])
+    with cache_dir(cache):
+        for case in cases:
+            try:
+                kernel = sparsegen.compile(w, n=case.n, dtype=case.dtype, options=dict(case.options), arch=arch,
+                                           backend="emulate", device=device)
+                kernel.cubin  # noqa: B018 - nvcc, into the cubin cache
+            except Exception:  # noqa: BLE001, S112 - reported by the measuring process
+                continue
 
 
 # ---- fitting (the CPU) ------------------------------------------------------------------------------

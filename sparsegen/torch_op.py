@@ -122,6 +122,7 @@ class OpLayer:
         self.pool = DevicePool()
         self.dense_ns, self.sparse_ns = {}, set()  # N -> dense spec name (F.linear runs it) / N for the kernels
         self.dense = None  # (W, bias) as tensors of the layer's dtype on its device, once some N selects dense
+        self.allocations = []  # the device memory under `dense` (the GPU backend)
         self.handle = _register(self)
 
     def __deepcopy__(self, memo):
@@ -165,12 +166,25 @@ class OpLayer:
             return False
         self.kernels.pop(n)  # F.linear reads the dense tensor below instead of this kernel's plan
         if self.dense is None:
-            device = torch.device("cuda", runtime.device_ordinal()) if self.backend == "gpu" else torch.device("cpu")
-            w = torch.from_numpy(self.csr.toarray()).to(device=device, dtype=self.torch_dtype)
-            b = None if self.bias is None else torch.from_numpy(self.bias).to(device=device, dtype=self.torch_dtype)
-            self.dense = (w, b)
+            w = self.held(torch.from_numpy(self.csr.toarray()).to(self.torch_dtype))
+            self.dense = (w, None if self.bias is None else self.held(torch.from_numpy(self.bias).to(self.torch_dtype)))
         self.dense_ns[n] = dense_spec
         return True
+
+    def held(self, t: torch.Tensor) -> torch.Tensor:
+        """The CPU tensor `t` where this layer runs: on the GPU, a view of an allocation the layer owns
+        (as its plan arrays are), outside PyTorch's caching allocator. A dense W made in the warm-up
+        run of `torch.compile(mode="reduce-overhead")` would otherwise land in the CUDA graph's pool,
+        which refuses tensors that outlive the graph's outputs."""
+        if self.backend != "gpu":
+            return t
+        bits = {2: torch.int16, 4: torch.int32}[t.element_size()]
+        allocation = runtime.upload({"dense": t.contiguous().view(bits).numpy()})["dense"]
+        self.allocations.append(allocation)
+        typestr = {2: "<i2", 4: "<i4"}[t.element_size()]
+        view = torch.as_tensor(runtime.DeviceBuffer(int(allocation), tuple(t.shape), typestr),
+                               device=torch.device("cuda", runtime.device_ordinal()))
+        return view.view(t.dtype)
 
     def dense_spec_fused(self, kernel: api.Kernel) -> str | None:
         """The dense spec selection picks over the sparse `kernel` when asked as a Linear runs, else

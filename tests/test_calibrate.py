@@ -263,3 +263,23 @@ def test_measuring_stops_its_reserve_before_the_budget(tmp_path, monkeypatch, qu
     cal.calibrate(quick=quick, out=tmp_path / "r.json", emit=lambda line: None, probe=KnownProbe(h200_truth()))
     assert before + settings.budget_s - settings.reserve_s - 1.0 <= seen["deadline"]
     assert seen["deadline"] <= time.monotonic() + settings.budget_s - settings.reserve_s
+
+
+def test_the_compile_ahead_job_leaves_every_n_of_its_weight_and_variant_warm(tmp_path, monkeypatch):
+    """The worker side of GpuProbe, in this process: one weight, one forced variant, two N. The
+    measuring process's compile then finds each plan in the cache folder the job was given (the
+    cubins need nvcc; a job without it still leaves the plans)."""
+    import sparsegen
+
+    cases = tuple(cal.Case("tiles", 256, 128, 0.3, n, "float16", cal.forced(cal.CSL)) for n in (8, 16))
+    cal.compile_ahead(cases, "sm_90", H100, str(tmp_path / "ahead"))
+    monkeypatch.setenv("SPARSEGEN_CACHE_DIR", str(tmp_path / "ahead"))
+    w = cal.case_weight(cases[0])
+    for case in cases:
+        kernel = sparsegen.compile(w, n=case.n, dtype="float16", options=dict(case.options), arch="sm_90",
+                                   backend="emulate", device=H100)
+        assert kernel.spec.family == cal.CSL and kernel.timings.cached.get("plan"), case.n
+    monkeypatch.setenv("SPARSEGEN_CACHE_DIR", str(tmp_path / "cold"))
+    kernel = sparsegen.compile(w, n=32, dtype="float16", options=dict(cases[0].options), arch="sm_90",
+                               backend="emulate", device=H100)
+    assert not kernel.timings.cached.get("plan")  # another folder: the job's warmth is where it was pointed
