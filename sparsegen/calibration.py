@@ -155,9 +155,9 @@ def plan(settings: Settings) -> list:
 
 def measure(probe, cases, device, settings: Settings, emit=print, deadline: float | None = None) -> list:
     """Build and time every case with `probe` on `device` (the model it is compiled for), in order,
-    until `deadline` (time.monotonic()); one progress line per stage."""
+    until `deadline` (time.monotonic()); one progress line per stage. The probe has been asked to
+    prepare `cases`; it is closed here."""
     out, failed, stage, started = [], [], None, time.monotonic()
-    probe.prepare(cases, device)
     try:
         for i, case in enumerate(cases):
             if deadline is not None and time.monotonic() >= deadline:
@@ -245,16 +245,17 @@ class GpuProbe:
                                  arch=self.arch, backend=backend, device=device)
 
     def prepare(self, cases, device):
-        """Submit the compile-ahead jobs: the cases grouped by weight and variant, in plan order."""
+        """Submit the compile-ahead jobs: the cases grouped by weight and variant, in plan order. The
+        dense cases have nothing to encode or build; they compile where they are measured."""
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         from .cache import default_dir
 
         groups: dict = {}
-        for case in cases:
+        for case in (c for c in cases if c.family != DENSE):
             groups.setdefault((case.m, case.k, case.density, case.dtype, case.options), []).append(case)
-        self.pool = ProcessPoolExecutor(min(self.workers, len(groups)) or 1,
+        self.pool = ProcessPoolExecutor(max(1, min(self.workers, len(groups))),
                                         mp_context=multiprocessing.get_context("spawn"))
         for group in groups.values():
             future = self.pool.submit(compile_ahead, tuple(group), self.arch, device, str(default_dir()))
@@ -494,9 +495,15 @@ def calibrate(quick: bool = False, out=None, emit=print, probe=None) -> Path:
     device = device_model.DeviceModel.from_properties(props, base)
     emit(f"device   {props['name']} (sm_{props['compute_capability'][0]}{props['compute_capability'][1]}, "
          f"{props['sm_count']} SMs); starting from {base.source}")
-    copy_s = probe.copy_seconds(settings.copy_bytes, settings)
+    cases = plan(settings)
+    probe.prepare(cases, device)  # the cases compile while the copy is timed
+    try:
+        copy_s = probe.copy_seconds(settings.copy_bytes, settings)
+    except BaseException:
+        probe.close()
+        raise
     emit(f"copy     {2 * settings.copy_bytes / copy_s / 1e12:.3f} TB/s ({time.monotonic() - start:.1f} s)")
-    timed = measure(probe, plan(settings), device, settings, emit, deadline=start + settings.budget_s - settings.reserve_s)
+    timed = measure(probe, cases, device, settings, emit, deadline=start + settings.budget_s - settings.reserve_s)
     rates = fit_rates(timed, copy_s, settings.copy_bytes, base, props, settings)
     path = Path(out) if out is not None else device_model.calibrated_path(props)
     ratesfile.write(rates, path)

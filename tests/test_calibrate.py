@@ -283,3 +283,23 @@ def test_the_compile_ahead_job_leaves_every_n_of_its_weight_and_variant_warm(tmp
     kernel = sparsegen.compile(w, n=32, dtype="float16", options=dict(cases[0].options), arch="sm_90",
                                backend="emulate", device=H100)
     assert not kernel.timings.cached.get("plan")  # another folder: the job's warmth is where it was pointed
+
+
+def test_compiling_starts_before_the_copy_and_a_failed_copy_closes_the_probe(tmp_path):
+    events = []
+
+    class NoCopy(KnownProbe):
+        def prepare(self, cases, device):
+            events.append(("prepare", len(cases)))
+
+        def copy_seconds(self, nbytes, settings):
+            events.append(("copy",))
+            raise RuntimeError("out of memory")
+
+        def close(self):
+            events.append(("close",))
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        cal.calibrate(quick=True, out=tmp_path / "r.json", emit=lambda line: None, probe=NoCopy(h200_truth()))
+    assert events == [("prepare", len(cal.plan(cal.QUICK))), ("copy",), ("close",)]
+    assert not (tmp_path / "r.json").exists()
