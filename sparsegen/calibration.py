@@ -60,8 +60,11 @@ class Settings:
 
 QUICK = Settings(20.0, 256 << 20, (((7168, 7168), (0.3, 0.1), (16, 64)),), ((4096, 4096),), (), False, "scale",
                  5, 10.0, reserve_s=6.0)
+# The long-K shape (K = 4M) separates cuBLAS's K loop from its bytes and shows the tile kernels'
+# deep split-K; without it both were mispriced on K-heavy layers (docs/decisions/013-long-k.md).
 FULL = Settings(120.0, 1 << 30, (((7168, 7168), (0.5, 0.3, 0.1), (8, 16, 32, 64)),
-                                 ((21504, 7168), (0.3, 0.1), (16, 64))),
+                                 ((21504, 7168), (0.3, 0.1), (16, 64)),
+                                 ((7168, 28672), (0.5, 0.2), (8, 16, 64))),
                 ((4096, 4096),), ((8192, 8192, 256),), True, fit.TILE_FIELDS, 10, 25.0, reserve_s=12.0)
 
 
@@ -70,7 +73,7 @@ class Case:
     """One product to build and time: a synthetic m x k weight of `density`, N columns, dtype, and
     the compile options that force the family (and variant)."""
 
-    stage: str  # "launch", "cublas", "tiles", "floor", "fp32", "csr"
+    stage: str  # "launch", "cublas", "tiles", "atomic", "floor", "fp32", "csr"
     m: int
     k: int
     density: float
@@ -125,6 +128,19 @@ def cublas_cases(settings: Settings) -> list:
     return out + [Case("cublas", m, k, 0.1, n, "float16", forced(DENSE)) for m, k, n in settings.wide]
 
 
+# The split-K reduction's atomics: one nearly empty W (its main loop a few cycles a tile) split
+# 4, 14 and 28 ways, so that the partial sums' bytes are what the times differ by.
+ATOMIC_SPLITS = (4, 14, 28)
+ATOMIC_WEIGHT = (28672, 7168, 1e-4, 32)  # m, k, density, N
+MIN_ATOMIC_SHARE = 0.05  # of the longest time, what the fitted partial sums must take to be a rate
+
+
+def atomic_cases() -> list:
+    m, k, density, n = ATOMIC_WEIGHT
+    return [Case("atomic", m, k, density, n, "float16", forced(LANES, split_k=s, reduction="atomic", tile_m=128))
+            for s in ATOMIC_SPLITS]
+
+
 def extra_cases() -> list:
     floors = [Case("floor", 1024, 1024, 0.1, 8, "float16", forced(CSL)),
               Case("floor", 1024, 1024, 0.05, 8, "float16", forced("csr_rowsplit")),
@@ -138,7 +154,7 @@ def extra_cases() -> list:
     fp32 += [Case("fp32", 4096, 4096, d, n, "float32", forced("csr_rowsplit")) for d in (0.02, 0.05) for n in (32, 128)]
     csr = [Case("csr", 8192, 8192, 0.1, 32, "float16", forced("csr_rowsplit")),
            Case("csr", 4096, 4096, 0.2, 128, "float16", forced("sputnik_spmm"))]
-    return floors + fp32 + csr
+    return atomic_cases() + floors + fp32 + csr
 
 
 def plan(settings: Settings) -> list:
@@ -327,6 +343,9 @@ def fit_rates(timed: list, copy_s: float, copy_bytes: int, base: Rates, props: d
                                  cublas_fp16=_fit_cublas(by, v, notes), csr_fp16=_fit_csr(by, v, notes),
                                  fp32=_fit_fp32(by, v, notes))
     values = dataclasses.replace(values, tiles=_fit_tiles(by, _draft(base, values), props, settings.free, notes))
+    if by.get("atomic"):  # the atomics read off the main loop just fitted; the tiles again with them
+        values = dataclasses.replace(values, memory=_fit_atomic(by, _draft(base, values), props, notes))
+        values = dataclasses.replace(values, tiles=_fit_tiles(by, _draft(base, values), props, settings.free, notes))
     values = dataclasses.replace(values, errors=_fit_errors(by, _draft(base, values), props, notes))
     return Rates(values, _device_section(props), _measured(props, settings), _provenance(notes, base, timed),
                  "calibrated")
@@ -369,17 +388,25 @@ def _fit_cublas(by, v, notes) -> CublasFp16:
     skinny = [t for t in rows if t.case.n <= 64]
     wide = [t for t in rows if t.case.n > 64]
     c = v.cublas_fp16
-    fixed, rate, err = c.fixed_s, c.bytes_per_s, None
-    if len(skinny) >= 3:
-        fixed, rate, err = fit.fit_line([moved_bytes(t.case.m, t.case.k, t.case.n) for t in skinny],
-                                        [t.seconds for t in skinny])
+    fixed, rate, k_s, err = c.fixed_s, c.bytes_per_s, c.k_s, None
+    moved = [moved_bytes(t.case.m, t.case.k, t.case.n) for t in skinny]
+    ks = [t.case.k for t in skinny]
+    seconds = [t.seconds for t in skinny]
+    long_k = len(skinny) >= 4 and max(ks) >= 2 * min(ks)  # K varies at like bytes: its own term
+    if long_k:
+        (fixed, inverse_rate, k_s), err = fit.fit_terms([1.0, moved, ks], seconds, positive=(1,))
+        rate = 1.0 / inverse_rate
+    elif len(skinny) >= 3:
+        fixed, rate, err = fit.fit_line(moved, [s - k * (k_s or 0.0) for s, k in zip(seconds, ks)])
     flops = max((2.0 * t.case.m * t.case.k * t.case.n / t.seconds for t in wide), default=c.flops)
     floor = next((t.seconds for t in by.get("floor", []) if t.case.family == DENSE), c.floor_s)
-    notes["cublas_fp16"] = (f"fixed + bytes fitted to {len(skinny)} products, median error {err:.1%}" if err is not None
-                            else "fixed_s, bytes_per_s kept") + \
+    terms = "fixed + bytes + K loop" if long_k else "fixed + bytes"
+    notes["cublas_fp16"] = (f"{terms} fitted to {len(skinny)} products (K {min(ks)}-{max(ks)}), median error "
+                            f"{err:.1%}" if err is not None else "fixed_s, bytes_per_s kept") + \
+        ("" if long_k else "; k_s kept") + \
         (f"; flops from {len(wide)} wide products" if wide else "; flops kept") + \
         ("; floor_s measured" if floor != c.floor_s else "; floor_s kept")
-    return CublasFp16(fixed, rate, flops, floor)
+    return CublasFp16(fixed, rate, flops, floor, k_s)
 
 
 def _fit_csr(by, v, notes) -> CsrFp16:
@@ -429,6 +456,34 @@ def _fit_tiles(by, rates: Rates, props: dict, free, notes):
         said.append(f"{key}: {'one factor on the cycles' if how == 'scale' else 'every rate'} fitted, {result.text}")
     notes["tiles"] = "; ".join(said) or "not measured in this run"
     return tiles
+
+
+def _fit_atomic(by, rates: Rates, props: dict, notes) -> Memory:
+    """memory.atomic_bytes_per_s from the atomic stage: each time less what the model gives its
+    main loop and the output's clearing, a line in the partial sums' bytes (4 x split x M x N)."""
+    from .families import _tiled
+
+    memory = rates.memory
+    partial, rest = [], []
+    for t in by["atomic"]:
+        request = _with_device(t, rates, props)
+        main = skinny_cost.spec_seconds(t.stats, request, t.spec) - _tiled.spec_reduction_seconds(t.spec, rates)
+        partial.append(4.0 * t.spec.split_k * t.case.m * t.case.n)
+        rest.append(t.seconds - main - 8.0 * t.case.m * t.case.n / memory.copy_bytes_per_s)
+    splits = sorted({t.spec.split_k for t in by["atomic"]})
+    slope, intercept = np.polyfit(partial, rest, 1) if len(splits) >= 2 else (0.0, 0.0)
+    base_note = notes["memory"].replace("; atomic_bytes_per_s kept", "")
+    longest = max(t.seconds for t in by["atomic"])
+    if slope * max(partial) < MIN_ATOMIC_SHARE * longest:  # the partial sums' time, if any, is lost in noise
+        notes["memory"] = base_note + f"; atomic_bytes_per_s kept (split-K {splits}: no time grew with the partial sums)"
+        return memory
+    rate = 1.0 / slope
+    fitted = np.array(partial) * slope + intercept
+    err = float(np.max(np.abs(fitted - np.array(rest)) / np.array([t.seconds for t in by["atomic"]])))
+    notes["memory"] = base_note + (f"; atomic: split-K {'/'.join(map(str, splits))} of {by['atomic'][0].case.text}: "
+                                   f"{rate / 1e12:.2f} TB/s of partial sums, {intercept * 1e6:+.1f} us beside the "
+                                   f"model, at most {err:.1%} of a time off the line")
+    return dataclasses.replace(memory, atomic_bytes_per_s=float(rate))
 
 
 def _fit_errors(by, rates: Rates, props: dict, notes):

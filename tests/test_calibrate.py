@@ -123,7 +123,7 @@ class KnownProbe:
 
     def time(self, case, stats, request):
         t = self.truth
-        if case.stage == "tiles":
+        if case.stage in ("tiles", "atomic"):
             spec, _ = skinny_cost.build(stats, request, case.family)
             return spec, skinny_cost.spec_seconds(stats, request, spec)
         if case.stage == "launch":
@@ -154,7 +154,7 @@ def h200_truth():
         for k in cal.TILE_KEYS})
     fp32 = dataclasses.replace(v.fp32, sgemm=ratesfile.Line(11e-6, 50e12), tf32x3=ratesfile.Line(8e-6, 60e12),
                                f16x3=ratesfile.Line(10e-6, 75e12), csr=ratesfile.Line(7e-6, 9e12))
-    cublas = ratesfile.CublasFp16(3.5e-6, 3.9e12, 480e12, 7.5e-6)
+    cublas = ratesfile.CublasFp16(3.5e-6, 3.9e12, 480e12, 7.5e-6, k_s=0.4e-9)
     truth = H100.rates.replace("truth", cublas_fp16=cublas, tiles=tiles, fp32=fp32,
                                csr_fp16=ratesfile.CsrFp16(9e10, 1.7e13),
                                launch=dataclasses.replace(v.launch, launch_s=2.5e-6))
@@ -162,7 +162,8 @@ def h200_truth():
     skinny = [c for c in cal.cublas_cases(cal.FULL) if c.n <= 64]
     achieved = float(np.median([cal.moved_bytes(c.m, c.k, c.n) / skinny_cost.dense_seconds(c.m, c.k, c.n, truth)
                                 for c in skinny]))
-    return truth.replace(memory=dataclasses.replace(v.memory, copy_bytes_per_s=4.26e12, achieved_bytes_per_s=achieved))
+    return truth.replace(memory=dataclasses.replace(v.memory, copy_bytes_per_s=4.26e12, achieved_bytes_per_s=achieved,
+                                                    atomic_bytes_per_s=5.5e12))
 
 
 def test_a_full_calibration_recovers_the_gpus_rates_and_selection_reads_them(tmp_path, monkeypatch):
@@ -172,9 +173,12 @@ def test_a_full_calibration_recovers_the_gpus_rates_and_selection_reads_them(tmp
     path = cal.calibrate(out=tmp_path / "h200.json", emit=lines.append, probe=probe)
     rates = ratesfile.load(path)
     assert rates.memory.copy_bytes_per_s == pytest.approx(4.26e12)
+    assert rates.memory.atomic_bytes_per_s == pytest.approx(5.5e12, rel=0.02)
+    assert "atomic: split-K 4/14/28" in rates.provenance["memory"]["error"]
     assert rates.launch.launch_s == pytest.approx(2.5e-6) and rates.launch.tiled_floor_s == truth.launch.tiled_floor_s
     c = rates.cublas_fp16
     assert (c.fixed_s, c.bytes_per_s) == (pytest.approx(3.5e-6, rel=1e-3), pytest.approx(3.9e12, rel=1e-3))
+    assert c.k_s == pytest.approx(0.4e-9, rel=1e-2) and "fixed + bytes + K loop" in rates.provenance["cublas_fp16"]["error"]
     assert c.floor_s == 7.5e-6 and c.flops == pytest.approx(truth.cublas_fp16.flops, rel=0.01)
     for key in cal.TILE_KEYS:
         got, want = rates.tiles.of(key), truth.tiles.of(key)
@@ -203,6 +207,9 @@ def test_a_full_calibration_recovers_the_gpus_rates_and_selection_reads_them(tmp
 
 def test_quick_fits_one_factor_and_keeps_what_it_does_not_measure(tmp_path):
     truth = h200_truth()
+    start = cal.starting_rates(device_model.properties_from(H200_RAW))
+    # quick's products have one K: the K term it keeps is the starting file's, here the truth's too
+    truth = truth.replace("truth", cublas_fp16=dataclasses.replace(truth.cublas_fp16, k_s=start.cublas_fp16.k_s))
     probe = KnownProbe(truth)
     path = cal.calibrate(quick=True, out=tmp_path / "q.json", emit=lambda line: None, probe=probe)
     rates = ratesfile.load(path)
@@ -303,3 +310,39 @@ def test_compiling_starts_before_the_copy_and_a_failed_copy_closes_the_probe(tmp
         cal.calibrate(quick=True, out=tmp_path / "r.json", emit=lambda line: None, probe=NoCopy(h200_truth()))
     assert events == [("prepare", len(cal.plan(cal.QUICK))), ("copy",), ("close",)]
     assert not (tmp_path / "r.json").exists()
+
+
+def test_the_term_fit_separates_a_k_loop_from_the_bytes():
+    rng = np.random.default_rng(3)
+    shapes = [(7168, 7168), (21504, 7168), (7168, 28672), (4096, 4096), (28672, 7168)]
+    rows = [(m, k, n) for m, k in shapes for n in (8, 16, 64)]
+    moved = [cal.moved_bytes(m, k, n) for m, k, n in rows]
+    seconds = [3e-6 + b / 4.2e12 + k * 0.4e-9 for b, (m, k, n) in zip(moved, rows)]
+    (fixed, inverse_rate, k_s), err = fit.fit_terms([1.0, moved, [k for _, k, _ in rows]], seconds, positive=(1,))
+    assert (fixed, 1 / inverse_rate, k_s) == (pytest.approx(3e-6, rel=1e-3), pytest.approx(4.2e12, rel=1e-3),
+                                              pytest.approx(0.4e-9, rel=1e-3)) and err < 1e-6
+    noisy = [s * np.exp(rng.normal(0, 0.01)) for s in seconds]
+    (_, _, k_noisy), _ = fit.fit_terms([1.0, moved, [k for _, k, _ in rows]], noisy, positive=(1,))
+    assert k_noisy == pytest.approx(0.4e-9, rel=0.25)
+
+
+def test_one_k_keeps_the_k_term_it_started_from():
+    """Products of a single K cannot tell a K loop from bytes: the fit keeps the starting k_s."""
+    truth = h200_truth()
+    base = truth.replace("base", cublas_fp16=dataclasses.replace(truth.cublas_fp16, k_s=0.2e-9))
+    rows = [cal.Timed(cal.Case("cublas", m, 7168, 0.1, n, "float16", cal.forced(cal.DENSE)), None, None, None,
+                      skinny_cost.dense_seconds(m, 7168, n, base))
+            for m in (7168, 21504) for n in (8, 16, 64)]
+    notes = {}
+    c = cal._fit_cublas({"cublas": rows}, base.values, notes)
+    assert c.k_s == 0.2e-9 and c.fixed_s == pytest.approx(base.cublas_fp16.fixed_s, rel=1e-3)
+    assert "k_s kept" in notes["cublas_fp16"]
+
+
+def test_atomic_times_that_do_not_grow_with_the_partial_sums_keep_the_rate():
+    truth = h200_truth()
+    probe = KnownProbe(truth)
+    rows = [dataclasses.replace(probe.run(case, probe.device, cal.FULL), seconds=50e-6) for case in cal.atomic_cases()]
+    notes = {"memory": "copy: measured; atomic_bytes_per_s kept"}
+    memory = cal._fit_atomic({"atomic": rows}, truth, probe.props, notes)
+    assert memory == truth.memory and "kept (split-K [4, 14, 28]: no time grew" in notes["memory"]

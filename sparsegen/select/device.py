@@ -217,7 +217,8 @@ def scaled(rates: Rates, props: dict) -> Rates:
     values = dataclasses.replace(
         v,
         memory=Memory(m.copy_bytes_per_s * mem, m.achieved_bytes_per_s * mem, m.atomic_bytes_per_s * compute),
-        cublas_fp16=CublasFp16(c.fixed_s, c.bytes_per_s * mem, c.flops * compute, c.floor_s),
+        cublas_fp16=CublasFp16(c.fixed_s, c.bytes_per_s * mem, c.flops * compute, c.floor_s,
+                               None if c.k_s is None else c.k_s / clock),
         csr_fp16=CsrFp16(v.csr_fp16.nonzeros_per_s * compute, v.csr_fp16.gather_bytes_per_s * compute),
         tiles=dataclasses.replace(v.tiles, clock_hz=v.tiles.clock_hz * clock),
         fp32=dataclasses.replace(f, **{k: Line(getattr(f, k).launch_s, getattr(f, k).flops * compute)

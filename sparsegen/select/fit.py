@@ -110,6 +110,24 @@ def fit_line(work, seconds) -> tuple[float, float, float]:
     return fixed, rate, float(np.median(np.abs(np.expm1(residuals(result.x)))))
 
 
+def fit_terms(columns, seconds, positive=()) -> tuple[np.ndarray, float]:
+    """(coefficients, median |error|) of seconds = sum(c_i * columns[i]), least squares on log time,
+    every c_i >= 0 and those indexed in `positive` > 0."""
+    from scipy.optimize import least_squares
+
+    seconds = np.asarray(seconds, dtype=np.float64)
+    a = np.column_stack([np.broadcast_to(np.asarray(c, dtype=np.float64), seconds.shape) for c in columns])
+    # each term starts as an equal share of the median time, so the solver works near 1
+    scale = np.median(seconds) / len(columns) / np.maximum(np.median(np.abs(a), axis=0), 1e-300)
+    lower = np.array([1e-6 if i in positive else 0.0 for i in range(a.shape[1])])
+
+    def residuals(x):
+        return np.log(np.maximum(a @ (x * scale), 1e-300)) - np.log(seconds)
+
+    result = least_squares(residuals, np.ones(a.shape[1]), bounds=(lower, np.inf))
+    return result.x * scale, float(np.median(np.abs(np.expm1(residuals(result.x)))))
+
+
 def ratio_error(pairs) -> float:
     """The ERROR_QUANTILE of |log(predicted ratio / measured ratio)| over (predicted sparse, predicted
     dense, measured sparse, measured dense) seconds, as a fraction: how far the model's sparse /

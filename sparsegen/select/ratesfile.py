@@ -58,6 +58,9 @@ class CublasFp16:
     bytes_per_s: float  # ... plus its bytes at this rate
     flops: float  # wide products: tensor-core math
     floor_s: float  # never under this
+    # per element of K, beyond the bytes: each block runs its K loop in turn, so a long K costs time
+    # that W's bytes do not show (absent: a calibration whose products had one K; no such term)
+    k_s: float | None = None
 
 
 @dataclass(frozen=True)

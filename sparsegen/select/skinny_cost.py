@@ -140,11 +140,11 @@ def kernel_seconds(stats, request: Request, family: str, granule: int = 1) -> fl
 # ---- dense cuBLAS and the CSR kernels ----------------------------------------------------------
 
 def dense_seconds(m: int, k: int, n: int, rates, epilogue: bool = False) -> float:
-    """cuBLAS on the densified W: its fixed time plus bytes, or tensor-core math, at least its
-    floor, plus the epilogue pass over Y."""
+    """cuBLAS on the densified W: its fixed time plus bytes plus its K loop, or tensor-core math, at
+    least its floor, plus the epilogue pass over Y."""
     c = rates.cublas_fp16
     moved = 2.0 * (m * k + k * n + m * n)
-    seconds = max(c.floor_s, c.fixed_s + moved / c.bytes_per_s, 2.0 * m * k * n / c.flops)
+    seconds = max(c.floor_s, c.fixed_s + moved / c.bytes_per_s + k * (c.k_s or 0.0), 2.0 * m * k * n / c.flops)
     if epilogue:  # read and write Y, read bias
         seconds += rates.launch.launch_s + (4.0 * m * n + 4.0 * m) / rates.memory.achieved_bytes_per_s
     return seconds
