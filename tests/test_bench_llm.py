@@ -528,6 +528,40 @@ def test_prefetcher_order_budget_release(tmp_path):
     pool.shutdown()
 
 
+def test_a_case_is_taken_when_its_job_marks_it_while_the_job_goes_on(tmp_path):
+    cases = llm.plan(cfg(quick=True)).cases[:2]  # one weight, N = 16 and 64
+    pool = ThreadPoolExecutor(1)
+    gate = threading.Event()
+
+    def job(j):
+        first = {"seconds": 0.25, "errors": {}, "specs": {"sparsegen": "spec-16"}}
+        prefetch.mark_done(j.cache_dir, j.cases[0].key, first)
+        gate.wait(10)  # the N = 64 part still compiling
+        return {j.cases[0].key: first, j.cases[1].key: {"seconds": 0.75, "errors": {}, "specs": {}}}
+
+    pf = llm.Prefetcher(cases, tmp_path, "sm_90", 1, pool=pool, memory=1e18, disk=1e15, job_fn=job)
+    future = next(iter(pf.jobs.values()))[0]
+    assert pf.take(cases[0]) == {"seconds": 0.25, "errors": {}, "specs": {"sparsegen": "spec-16"}}
+    assert not future.done()  # taken from the mark, the job still running
+    pf.release(cases[0])
+    assert llm.case_dir(tmp_path, cases[0]).is_dir()
+    gate.set()
+    assert pf.take(cases[1])["seconds"] == 0.75  # no mark: the job's own result
+    pf.release(cases[1])
+    assert pf.summary()["completed"] == 2 and not llm.case_dir(tmp_path, cases[0]).exists()
+    pf.close()
+    pool.shutdown()
+
+
+def test_a_mark_of_another_case_or_a_damaged_one_is_not_taken(tmp_path):
+    prefetch.mark_done(tmp_path, ("w", "float16", 16), {"seconds": 1.0})
+    assert prefetch._read_mark(tmp_path, ("w", "float16", 16)) == {"seconds": 1.0}
+    assert prefetch._read_mark(tmp_path, ("w", "float16", 64)) is None
+    prefetch._mark(tmp_path, ("w", "float16", 64)).write_text('{"key": "(\'w\', \'float16\', 64)", "res')
+    assert prefetch._read_mark(tmp_path, ("w", "float16", 64)) is None
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == []
+
+
 def test_prefetcher_disk_budget_and_outstanding_limit(tmp_path):
     cases = llm.plan(cfg(quick=True)).cases
     pool = ThreadPoolExecutor(4)

@@ -3,7 +3,9 @@
 Encoding a large matrix is CPU work that can dwarf its GPU time, so a suite may hand its coming
 cases to a `Prefetcher`: one job per matrix (all its cases), run in a process pool into a scratch
 cache folder per matrix, where the measuring process's own `sparsegen.compile` then finds plans,
-encodings and cubins warm (`cache_dir` points sparsegen's cache there). Jobs start in run order
+encodings and cubins warm (`cache_dir` points sparsegen's cache there). A job marks each case as
+it finishes it (`mark_done`), so the measurement of a matrix's first case starts while the job
+compiles the rest. Jobs start in run order
 within memory and disk budgets; a folder is removed once the matrix's last case is released, so
 large encodings never pile up on disk. A dead pool (a worker killed, e.g. out of memory) turns
 prefetching off and the run says so.
@@ -14,14 +16,21 @@ The mechanism is generic; a suite subclasses `Prefetcher` and says what a job is
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import tempfile
+import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from sparsegen.bench.records import message
 
-__all__ = ["Job", "Prefetcher", "cache_dir", "clear_stale", "compile_ahead", "scratch_root", "default_workers"]
+__all__ = ["Job", "Prefetcher", "cache_dir", "clear_stale", "compile_ahead", "scratch_root", "default_workers",
+           "mark_done"]
+
+POLL_S = 0.05  # how often `take` looks for a case's mark while its matrix's job runs
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,30 @@ class Job:
     cache_dir: str
     cubin: bool = True
     device: object = None  # the measuring process's DeviceModel: selection plans for it here too
+
+
+def _mark(folder, key) -> Path:
+    """Where a job says that one case of its matrix is compiled (beside the cache's own folders,
+    which it never lists)."""
+    return Path(folder) / f".ahead-{zlib.crc32(repr(key).encode()):08x}.json"
+
+
+def mark_done(folder, key, result: dict) -> None:
+    """Worker side: the case `key` is compiled, with `result`: the measuring process may take it
+    while the job goes on to the matrix's other cases. Written whole (a rename), never half."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-ahead-")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"key": repr(key), "result": result}, f)
+    os.replace(tmp, _mark(folder, key))
+
+
+def _read_mark(folder, key) -> dict | None:
+    try:
+        doc = json.loads(_mark(folder, key).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc.get("result") if doc.get("key") == repr(key) else None
 
 
 @contextlib.contextmanager
@@ -143,13 +176,22 @@ class Prefetcher:
         self.note = f"compiling ahead stopped ({message(exc)}); the rest compiled in-process"
 
     def take(self, case):
-        """Wait for the case's job; the case's result dict, or None (never submitted, or failed)."""
+        """Wait for the case's part of its matrix's job (the job's mark for it, or the whole job);
+        the case's result dict, or None (never submitted, or failed)."""
         self._fill()
-        entry = self.jobs.get(self.folder_of(self.root, case))
+        folder = self.folder_of(self.root, case)
+        entry = self.jobs.get(folder)
         if entry is None or self.note is not None:  # after a broken pool every job is lost
             return None
         try:
-            res = entry[0].result().get(case.key)
+            res = None
+            while not entry[0].done() and res is None:
+                res = _read_mark(folder, case.key)
+                if res is None:
+                    self._fill()
+                    time.sleep(POLL_S)
+            if res is None:
+                res = entry[0].result().get(case.key)
             if res is not None:
                 self.stats["completed"] += 1
                 self.stats["seconds"] += res.get("seconds", 0.0)
