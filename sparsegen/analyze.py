@@ -278,9 +278,34 @@ def index_bits(shape: tuple[int, int]) -> int:
 # Hashes
 
 
+# An array past this many bytes hashes as the sha256 digests of its pieces of this size, computed
+# side by side (hashlib releases the GIL): a warm compile of a large matrix is mostly its hashes.
+HASH_PIECE = 32 << 20
+
+
+def _sha256(header: str, arrays) -> str:
+    """Hex sha256 of `header` (its "v1" made "v2" where some array is past HASH_PIECE bytes) and then
+    each array's bytes: in v2, an array past HASH_PIECE contributes the digests of its HASH_PIECE
+    pieces in order instead (a fixed split: the same digest whatever the threads)."""
+    views = [memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)) for a in arrays]
+    pieced = any(v.nbytes > HASH_PIECE for v in views)
+    h = hashlib.sha256((header.replace(".v1 ", ".v2 ", 1) if pieced else header).encode())
+    for v in views:
+        if v.nbytes <= HASH_PIECE:
+            h.update(v)
+            continue
+        from concurrent.futures import ThreadPoolExecutor
+
+        pieces = [v[i: i + HASH_PIECE] for i in range(0, v.nbytes, HASH_PIECE)]
+        with ThreadPoolExecutor(max_workers=min(8, len(pieces))) as pool:
+            h.update(b"".join(pool.map(lambda p: hashlib.sha256(p).digest(), pieces)))
+    return h.hexdigest()
+
+
 def structure_hash(csr) -> str:
     """Hex sha256 of the sparsity pattern: a header (shape, canonical index dtypes), then indptr
-    as little-endian int64 and indices as little-endian int32 (int64 only past 2**31 columns).
+    as little-endian int64 and indices as little-endian int32 (int64 only past 2**31 columns);
+    an array past HASH_PIECE bytes as its pieces' digests (`_sha256`).
 
     Independent of the values and of the index dtypes the CSR happens to use.
     """
@@ -290,25 +315,19 @@ def structure_hash(csr) -> str:
     # ascontiguousarray copies only when dtype or layout differ: the common case hashes in place.
     indptr = np.ascontiguousarray(csr.indptr, dtype="<i8")
     indices = np.ascontiguousarray(csr.indices[:nnz], dtype=idx_dtype)
-    h = hashlib.sha256(f"sparsegen.structure.v1 shape={m},{n} indptr=<i8 "
-                       f"indices={idx_dtype.str}\n".encode())
-    h.update(indptr)
-    h.update(indices)
-    return h.hexdigest()
+    return _sha256(f"sparsegen.structure.v1 shape={m},{n} indptr=<i8 indices={idx_dtype.str}\n", (indptr, indices))
 
 
 def values_hash(csr) -> str:
-    """Hex sha256 of the values: a header with the (little-endian) dtype, then the data bytes.
+    """Hex sha256 of the values: a header with the (little-endian) dtype, then the data bytes (past
+    HASH_PIECE bytes, their pieces' digests: `_sha256`).
 
     The same numbers in float32 and float64 hash differently, on purpose: they compile differently.
     """
     nnz = int(csr.indptr[-1]) if len(csr.indptr) else 0
     data = csr.data[:nnz]
     dtype = data.dtype.newbyteorder("<")  # a no-op for native little-endian and 1-byte types
-    data = np.ascontiguousarray(data, dtype=dtype)
-    h = hashlib.sha256(f"sparsegen.values.v1 dtype={dtype.str}\n".encode())
-    h.update(data)
-    return h.hexdigest()
+    return _sha256(f"sparsegen.values.v1 dtype={dtype.str}\n", (np.ascontiguousarray(data, dtype=dtype),))
 
 
 # ---------------------------------------------------------------------------------------------

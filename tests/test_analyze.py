@@ -572,3 +572,25 @@ def test_analysis_out_of_memory_is_a_sparsegen_error(monkeypatch):
     monkeypatch.setattr(an, "_analyze", no_memory)
     with pytest.raises(an.SparsegenError, match=r"analyzing a 2 x 3 matrix .* out of memory \(Unable to allocate 8 TiB\)"):
         analyze(csr_from_dense([[1, 0, 0], [0, 0, 1]]))
+
+
+def test_arrays_past_the_piece_size_hash_as_their_pieces_digests(monkeypatch):
+    """The documented v2 stream: the header says v2, a small array goes in whole, a large one as
+    the sha256 digests of its fixed-size pieces in order; the same matrix keeps v1 below the size."""
+    an = importlib.import_module("sparsegen.analyze")
+
+    a = sp.random(40, 300, density=0.3, format="csr", dtype=np.float32, random_state=4)
+    a.indices = a.indices.astype(np.int32)
+    v1 = structure_hash(a), values_hash(a)
+    monkeypatch.setattr(an, "HASH_PIECE", 1000)  # indptr (41 x 8 B) whole; indices and data in pieces
+    indices, data = a.indices.astype("<i4").tobytes(), a.data.astype("<f4").tobytes()
+
+    def pieces(b):
+        return b"".join(hashlib.sha256(b[i: i + 1000]).digest() for i in range(0, len(b), 1000))
+
+    assert len(indices) > 1000 and a.indptr.astype("<i8").nbytes <= 1000
+    assert structure_hash(a) == hashlib.sha256(
+        b"sparsegen.structure.v2 shape=40,300 indptr=<i8 indices=<i4\n" + a.indptr.astype("<i8").tobytes()
+        + pieces(indices)).hexdigest()
+    assert values_hash(a) == hashlib.sha256(b"sparsegen.values.v2 dtype=<f4\n" + pieces(data)).hexdigest()
+    assert (structure_hash(a), values_hash(a)) != v1
