@@ -3,6 +3,10 @@
 and inside a replayed CUDA graph of 100 calls; beside torch's dense Linear.
 
     python lab/probes/op_host_time.py [--shape 4096x4096] [--sparsity 0.8] [--n 1] [--calls 5000]
+                                      [--family tiled_lanes_spmm]
+
+--family forces the layer's kernel family (else selection may route the layer to F.linear, whose
+host time is then the layer's).
 
 Only the time each Python call takes is summed, in batches of 100 with the GPU synchronised
 between batches, so a slow kernel never makes the host wait on a full launch queue.
@@ -34,6 +38,7 @@ def main() -> None:
     parser.add_argument("--sparsity", type=float, default=0.8)
     parser.add_argument("--n", type=int, default=1, help="tokens per call")
     parser.add_argument("--calls", type=int, default=5000)
+    parser.add_argument("--family", help="force this kernel family (options={'family': ...})")
     args = parser.parse_args()
 
     import torch
@@ -44,10 +49,12 @@ def main() -> None:
     m, k = (int(d) for d in args.shape.split("x"))
     torch.manual_seed(0)
     dense = torch.nn.Linear(k, m).to("cuda", torch.float16)
-    layer = sgt.SparseLinear.from_dense(dense, args.sparsity, tune=False)
+    options = {"family": args.family} if args.family else None
+    layer = sgt.SparseLinear.from_dense(dense, args.sparsity, tune=False, options=options)
     x = torch.randn(args.n, k, device="cuda", dtype=torch.float16)
     xt = x.t().contiguous()
-    kernel = sparsegen.compile(layer.csr, n=args.n, dtype="float16", bias=layer.bias, backend="gpu", tune=False)
+    kernel = sparsegen.compile(layer.csr, n=args.n, dtype="float16", bias=layer.bias, backend="gpu", tune=False,
+                               options=options)
     y = torch.empty(m, args.n, device="cuda", dtype=torch.float16)
     rows = []
     with torch.inference_mode():
@@ -56,6 +63,11 @@ def main() -> None:
                      per_call_us(lambda: torch.ops.sparsegen.spmm(xt, layer.handle, m), args.calls)))
         rows.append(("sparsegen kernel(xt, out=y) (PyCUDA)", per_call_us(lambda: kernel(xt, out=y), args.calls)))
         rows.append(("torch dense Linear: dense(x)", per_call_us(lambda: dense(x), args.calls)))
+        w, b = dense.weight, dense.bias
+        rows.append(("torch.nn.functional.linear(x, w, b)", per_call_us(lambda: torch.nn.functional.linear(x, w, b),
+                                                                        args.calls)))
+        rows.append(("torch.empty(m, n) (the output's allocation)",
+                     per_call_us(lambda: torch.empty(m, args.n, device="cuda", dtype=torch.float16), args.calls)))
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(100):
