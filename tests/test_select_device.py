@@ -255,6 +255,22 @@ def test_twice_the_sms_moves_dense_picks_to_sparse():
         assert t1["dense_gemm"] == t0["dense_gemm"] and t1[sparse] < 0.85 * t0[sparse]
 
 
+def test_a_k_loop_term_slows_dense_on_long_k_only_and_moves_its_picks_to_sparse():
+    """cuBLAS's K loop (cublas_fp16.k_s) costs a long-K W more than its transpose of the same bytes.
+    With cuBLAS 1.4x the H100's bytes, as on the H200: 7168 x 28672 at 60 %, N = 32 goes from dense
+    to bitmap with 0.5 ns per element of K, 28672 x 7168 stays dense."""
+    c = device_model.default().rates.cublas_fp16
+    fast = synthetic_device("cuBLAS 1.4x", cublas_fp16={"bytes_per_s": 1.4 * c.bytes_per_s})
+    looped = synthetic_device("cuBLAS 1.4x, K loop", cublas_fp16={"bytes_per_s": 1.4 * c.bytes_per_s, "k_s": 0.5e-9})
+    for (m, k), moves in (((7168, 28672), True), ((28672, 7168), False)):
+        stats = uniform_stats(m, k, 0.4)
+        before, t0 = pick_and_times(stats, 32, fast)
+        after, t1 = pick_and_times(stats, 32, looped)
+        assert (before, after) == ("dense_gemm", "tiled_bitmap_spmm" if moves else "dense_gemm"), (m, k)
+        assert t1["dense_gemm"] == pytest.approx(t0["dense_gemm"] + k * 0.5e-9)
+        assert t1["tiled_bitmap_spmm"] == t0["tiled_bitmap_spmm"]
+
+
 def test_other_properties_reach_the_families():
     """The SM count sizes the tile families' split-K; shared memory per SM their residency."""
     stats = uniform_stats(7168, 28672, 0.1)
