@@ -298,21 +298,25 @@ def measure(dense, sparse, report, *, batch: int, prompt: int, new_tokens: int, 
 
 
 def host_time(report) -> dict:
-    """`host_time_per_call` of the first pruned layer at N = 1, named; a note where it cannot run."""
+    """`host_time_per_call` at N = 1 of the first pruned layer that runs a sparse kernel there (a
+    layer routed to F.linear has F.linear's host time), named; a note where it cannot run."""
     import torch
 
-    layer = report.layers[0].module
-    if layer.backend != "gpu" or not torch.cuda.is_available():
+    if report.layers[0].module.backend != "gpu" or not torch.cuda.is_available():
         return {"note": "host time per call is measured on CUDA layers only"}
+    named = next(((r.name, r.module) for r in report.layers if not r.module.op.routes_dense(1)),
+                 (report.layers[0].name, report.layers[0].module))
+    name, layer = named
     x = torch.randn(1, layer.in_features, device="cuda", dtype=layer.torch_dtype)
     out = {k: round(v, 3) if isinstance(v, float) else v for k, v in host_time_per_call(layer, x).items()}
-    return {**out, "layer": f"{report.layers[0].name} {layer.out_features}x{layer.in_features}"}
+    return {**out, "layer": f"{name} {layer.out_features}x{layer.in_features}"}
 
 
 def host_time_per_call(layer, x, calls: int = 2000) -> dict:
     """Host microseconds per call of `layer(x)` (a CUDA layer): eager through forward, through the
-    dispatcher (torch.ops.sparsegen.linear), and inside a replayed CUDA graph of 100 calls. Only the
-    time the Python call takes is summed (the GPU is synchronised between batches of calls)."""
+    dispatcher (torch.ops.sparsegen.linear), and inside a replayed CUDA graph of 100 calls; and of
+    the dense nn.Linear of the same weights and x, eager. Only the time the Python call takes is
+    summed (the GPU is synchronised between batches of calls)."""
     import torch
 
     def per_call(fn):
@@ -330,12 +334,17 @@ def host_time_per_call(layer, x, calls: int = 2000) -> dict:
     with torch.inference_mode():
         eager = per_call(lambda: layer(x))
         dispatcher = per_call(lambda: torch.ops.sparsegen.linear(x, layer.handle, layer.out_features))
+        dense = torch.nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
+                                device="cuda", dtype=layer.torch_dtype)
+        dense_us = per_call(lambda: dense(x))
+        del dense
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(100):
                 layer(x)
         replay = per_call(graph.replay) / 100
-    return {"eager": eager, "dispatcher": dispatcher, "graph_replay": replay, "spec": layer.specs.get(x.numel() // x.shape[-1])}
+    return {"eager": eager, "dispatcher": dispatcher, "graph_replay": replay, "dense_linear": dense_us,
+            "spec": layer.specs.get(x.numel() // x.shape[-1])}
 
 
 def main(argv=None) -> int:

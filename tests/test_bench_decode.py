@@ -98,7 +98,7 @@ class FakeExample:
         return "dense", "sparse", SimpleNamespace(layers=layers)
 
     def host_time(self, report):
-        return {"eager": 6.5, "dispatcher": 11.0, "graph_replay": 0.02, "spec": "tiled_csl_spmm.x",
+        return {"eager": 6.5, "dispatcher": 11.0, "graph_replay": 0.02, "dense_linear": 9.25, "spec": "tiled_csl_spmm.x",
                 "layer": "model.decoder.layers.0.self_attn.q_proj 2048x2048"}
 
     def measure(self, dense, sparse, report, *, batch, prompt, new_tokens, repeats, device, backend, graphs):
@@ -131,7 +131,9 @@ def test_run_records_every_case_and_goes_on_past_failures():
     assert "CUDA out of memory" in doc["cases"][1]["note"]
     assert "differ by 0.5 > tolerance 0.02" in doc["cases"][2]["note"]
     assert doc["host_us"]["eager"] == 6.5 and saved == [1, 2, 3, 4]
-    assert any("eager 6.5 us" in line for line in lines) and any("2.00x" in line for line in lines)
+    assert any("eager 6.5 us" in line and "dense nn.Linear eager 9.2 us" in line for line in lines)
+    assert any("2.00x" in line for line in lines)
+    assert "the dense `nn.Linear` of that shape, eager, 9.2 µs" in suite.markdown(doc)
     assert any(line.startswith("opt-1.3b float16: built (24 decoder layers) in ") for line in lines)
     assert any(line.startswith("opt-1.3b s0.8: pruned 1 Linears and compiled their kernels for N = 1, 32 in ")
                for line in lines)

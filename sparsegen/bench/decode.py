@@ -17,8 +17,9 @@ error passes the dtype's tolerance, or when it raises.
 `--quick`: OPT-1.3B's shapes with its first 4 decoder layers, 80 %, batch 1 and 16, fp16: the
 case the issue's targets name, small enough to run in a few minutes.
 
-Once per run, `host_us` records the host time per call of one SparseLinear (the model's first
-q_proj at batch 1): eager through forward, through the dispatcher, and inside a replayed CUDA graph.
+Once per run, `host_us` records the host time per call of one SparseLinear at batch 1 (the model's
+first layer that runs a sparse kernel there, not F.linear): eager through forward, through the
+dispatcher, and inside a replayed CUDA graph; and the dense nn.Linear of its shape, eager.
 
 The records and reports are plain functions of dicts: the CPU tests drive them with synthetic
 timings. Torch and transformers are imported only by the example, when a suite runs.
@@ -212,8 +213,9 @@ def _host_time(example, report, emit) -> dict:
     except Exception as exc:
         out = {"note": message(exc)}
     if "eager" in out:
-        emit(f"host time per call ({out['layer']}, N = 1): eager {out['eager']:.1f} us, dispatcher "
-             f"{out['dispatcher']:.1f} us, inside a CUDA graph {out['graph_replay']:.3f} us")
+        emit(f"host time per call ({out['layer']}, N = 1, {out.get('spec')}): eager {out['eager']:.1f} us, dispatcher "
+             f"{out['dispatcher']:.1f} us, inside a CUDA graph {out['graph_replay']:.3f} us; dense nn.Linear eager "
+             f"{out.get('dense_linear', float('nan')):.1f} us")
     else:
         emit(f"host time per call not measured: {out.get('note')}")
     return out
@@ -296,7 +298,9 @@ def markdown(doc: dict, png_name=None, png_note=None) -> str:
     if host and "eager" in host:
         L += [f"Host time per call of one SparseLinear ({host['layer']}, N = 1, `{host.get('spec')}`): "
               f"eager {host['eager']:.1f} µs, through the dispatcher (`torch.ops.sparsegen.linear`) "
-              f"{host['dispatcher']:.1f} µs, inside a replayed CUDA graph {host['graph_replay']:.3f} µs.", ""]
+              f"{host['dispatcher']:.1f} µs, inside a replayed CUDA graph {host['graph_replay']:.3f} µs"
+              + (f"; the dense `nn.Linear` of that shape, eager, {host['dense_linear']:.1f} µs" if "dense_linear" in host
+                 else "") + ".", ""]
     ok = [c for c in doc["cases"] if c.get("status") == "ok"]
     for key, cs in _groups(ok).items():
         batches = sorted({c["batch"] for c in cs})
