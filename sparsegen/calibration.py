@@ -228,6 +228,7 @@ class GpuProbe:
         self.weights: dict = {}
         self.ready: dict = {}  # case -> the future of the job that compiles it
         self.pool = None
+        self.marks = None  # where the jobs mark each case done (a temporary folder)
 
     def properties(self) -> dict:
         return self.runtime.device_properties()
@@ -264,6 +265,7 @@ class GpuProbe:
         """Submit the compile-ahead jobs: the cases grouped by weight and variant, in plan order. The
         dense cases have nothing to encode or build; they compile where they are measured."""
         import multiprocessing
+        import tempfile
         from concurrent.futures import ProcessPoolExecutor
 
         from .cache import default_dir
@@ -273,17 +275,19 @@ class GpuProbe:
             groups.setdefault((case.m, case.k, case.density, case.dtype, case.options), []).append(case)
         self.pool = ProcessPoolExecutor(max(1, min(self.workers, len(groups))),
                                         mp_context=multiprocessing.get_context("spawn"))
+        self.marks = tempfile.mkdtemp(prefix="sparsegen-calibrate-")
         for group in groups.values():
-            future = self.pool.submit(compile_ahead, tuple(group), self.arch, device, str(default_dir()))
+            future = self.pool.submit(compile_ahead, tuple(group), self.arch, device, str(default_dir()), self.marks)
             self.ready.update((case, future) for case in group)
 
     def run(self, case: Case, device, settings: Settings) -> Timed:
+        from .bench.prefetch import marked
+
         pending = self.ready.get(case)
-        if pending is not None:
-            try:
-                pending.result()
-            except Exception:  # noqa: BLE001 - a dead worker: the compile below does the work and reports
-                pass
+        # until the job marks this case (or ends: done, or its worker dead, when the compile below
+        # does the work and meets any error itself)
+        while pending is not None and not pending.done() and marked(self.marks, case) is None:
+            time.sleep(0.01)
         kernel = self.compile(case, device, "gpu")
         tdt = getattr(self.torch, case.dtype)
         x = self.torch.randn(case.k, case.n, device=self.dev).to(tdt)
@@ -292,8 +296,12 @@ class GpuProbe:
         return Timed(case, kernel.stats, kernel.request, kernel.spec, seconds)
 
     def close(self):
+        import shutil
+
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.marks is not None:
+            shutil.rmtree(self.marks, ignore_errors=True)
         self.weights.clear()
 
 
@@ -305,13 +313,14 @@ def case_weight(case: Case):
     return w if case.dtype == "float32" else as_dtype(w, case.dtype)
 
 
-def compile_ahead(cases: tuple, arch: str, device, cache: str) -> None:
+def compile_ahead(cases: tuple, arch: str, device, cache: str, marks: str | None = None) -> None:
     """Worker side of GpuProbe: compile `cases` (one weight, one variant, every N) with backend
-    "emulate" for `arch` and `device`, cubins too, into the cache folder `cache`. A case that
-    fails is left to the measuring process, which meets the error again and reports it."""
+    "emulate" for `arch` and `device`, cubins too, into the cache folder `cache`, marking each case
+    in `marks` as it is done, so that it is measured while the next compiles. A case that fails is
+    left to the measuring process, which meets the error again and reports it."""
     import sparsegen
 
-    from .bench.prefetch import cache_dir
+    from .bench.prefetch import cache_dir, mark_done
 
     w = case_weight(cases[0])
     with cache_dir(cache):
@@ -320,8 +329,10 @@ def compile_ahead(cases: tuple, arch: str, device, cache: str) -> None:
                 kernel = sparsegen.compile(w, n=case.n, dtype=case.dtype, options=dict(case.options), arch=arch,
                                            backend="emulate", device=device)
                 kernel.cubin  # noqa: B018 - nvcc, into the cubin cache
-            except Exception:  # noqa: BLE001, S112 - reported by the measuring process
-                continue
+            except Exception:  # noqa: BLE001, S110 - reported by the measuring process
+                pass
+            if marks is not None:
+                mark_done(marks, case, {})
 
 
 # ---- fitting (the CPU) ------------------------------------------------------------------------------

@@ -555,10 +555,10 @@ def test_a_case_is_taken_when_its_job_marks_it_while_the_job_goes_on(tmp_path):
 
 def test_a_mark_of_another_case_or_a_damaged_one_is_not_taken(tmp_path):
     prefetch.mark_done(tmp_path, ("w", "float16", 16), {"seconds": 1.0})
-    assert prefetch._read_mark(tmp_path, ("w", "float16", 16)) == {"seconds": 1.0}
-    assert prefetch._read_mark(tmp_path, ("w", "float16", 64)) is None
+    assert prefetch.marked(tmp_path, ("w", "float16", 16)) == {"seconds": 1.0}
+    assert prefetch.marked(tmp_path, ("w", "float16", 64)) is None
     prefetch._mark(tmp_path, ("w", "float16", 64)).write_text('{"key": "(\'w\', \'float16\', 64)", "res')
-    assert prefetch._read_mark(tmp_path, ("w", "float16", 64)) is None
+    assert prefetch.marked(tmp_path, ("w", "float16", 64)) is None
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == []
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from sparsegen import calibration as cal
+from sparsegen.bench import prefetch
 from sparsegen.families.base import Request
 from sparsegen.select import device as device_model
 from sparsegen.select import fit, fp32_cost, ratesfile, skinny_cost
@@ -279,7 +280,8 @@ def test_the_compile_ahead_job_leaves_every_n_of_its_weight_and_variant_warm(tmp
     import sparsegen
 
     cases = tuple(cal.Case("tiles", 256, 128, 0.3, n, "float16", cal.forced(cal.CSL)) for n in (8, 16))
-    cal.compile_ahead(cases, "sm_90", H100, str(tmp_path / "ahead"))
+    cal.compile_ahead(cases, "sm_90", H100, str(tmp_path / "ahead"), str(tmp_path / "marks"))
+    assert all(prefetch.marked(tmp_path / "marks", case) == {} for case in cases)  # each N marked done
     monkeypatch.setenv("SPARSEGEN_CACHE_DIR", str(tmp_path / "ahead"))
     w = cal.case_weight(cases[0])
     for case in cases:

@@ -28,7 +28,7 @@ from pathlib import Path
 from sparsegen.bench.records import message
 
 __all__ = ["Job", "Prefetcher", "cache_dir", "clear_stale", "compile_ahead", "scratch_root", "default_workers",
-           "mark_done"]
+           "mark_done", "marked"]
 
 POLL_S = 0.05  # how often `take` looks for a case's mark while its matrix's job runs
 
@@ -60,7 +60,8 @@ def mark_done(folder, key, result: dict) -> None:
     os.replace(tmp, _mark(folder, key))
 
 
-def _read_mark(folder, key) -> dict | None:
+def marked(folder, key) -> dict | None:
+    """The result a job marked for `key` in `folder` (`mark_done`), or None: not yet, or unreadable."""
     try:
         doc = json.loads(_mark(folder, key).read_text())
     except (OSError, ValueError):
@@ -186,7 +187,7 @@ class Prefetcher:
         try:
             res = None
             while not entry[0].done() and res is None:
-                res = _read_mark(folder, case.key)
+                res = marked(folder, case.key)
                 if res is None:
                     self._fill()
                     time.sleep(POLL_S)
