@@ -500,10 +500,18 @@ def test_prefetcher_order_budget_release(tmp_path):
     assert [c.weight for c in cases[::2]] == [c.weight for c in cases[1::2]]
     pool = ThreadPoolExecutor(2)
     gate = threading.Event()
+    running, most, lock = [0], [0], threading.Lock()
 
     def job(j):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
         gate.wait(10)
-        return fake_job(j)
+        try:
+            return fake_job(j)
+        finally:
+            with lock:
+                running[0] -= 1
 
     # memory for one job at a time: the second waits for the first to finish
     one = llm.job_memory(cases[0]) * 1.5
@@ -513,7 +521,7 @@ def test_prefetcher_order_budget_release(tmp_path):
     gate.set()
     res = pf.take(cases[0])
     assert res["seconds"] == 0.5 and llm.case_dir(tmp_path, cases[0]).is_dir()
-    assert pf.stats["submitted"] == 2                # the next one started once the first was done
+    assert pf.stats["submitted"] >= 2                # the next one started once the first was done
     pf.release(cases[0])
     assert llm.case_dir(tmp_path, cases[1]).is_dir()  # the weight's N = 64 still to measure
     assert pf.take(cases[1]) is not None
@@ -523,6 +531,7 @@ def test_prefetcher_order_budget_release(tmp_path):
         assert pf.take(c) is not None
         pf.release(c)
     assert pf.summary()["completed"] == 6 and pf.summary()["seconds"] == 3.0
+    assert most[0] == 1  # never two jobs at once: the budget held one job's memory
     pf.close()
     assert list(tmp_path.iterdir()) == []
     pool.shutdown()
