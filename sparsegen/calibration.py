@@ -475,6 +475,9 @@ def _fit_atomic(by, rates: Rates, props: dict, notes) -> Memory:
     from .families import _tiled
 
     memory = rates.memory
+    if rates.tiles.of(LANES) is None:  # no main-loop rates to read the atomics off
+        notes["memory"] += " (no tiled lanes rates for the atomic stage)"
+        return memory
     partial, rest = [], []
     for t in by["atomic"]:
         request = _with_device(t, rates, props)
