@@ -61,7 +61,7 @@ class Settings:
 QUICK = Settings(20.0, 256 << 20, (((7168, 7168), (0.3, 0.1), (16, 64)),), ((4096, 4096),), (), False, "scale",
                  5, 10.0, reserve_s=6.0)
 # The long-K shape (K = 4M) separates cuBLAS's K loop from its bytes and shows the tile kernels'
-# deep split-K; without it both were mispriced on K-heavy layers (docs/decisions/013-long-k.md).
+# deep split-K (docs/decisions/013-long-k.md).
 FULL = Settings(120.0, 1 << 30, (((7168, 7168), (0.5, 0.3, 0.1), (8, 16, 32, 64)),
                                  ((21504, 7168), (0.3, 0.1), (16, 64)),
                                  ((7168, 28672), (0.5, 0.2), (8, 16, 64))),
