@@ -256,10 +256,7 @@ class GpuProbe:
         return self.weights[key]
 
     def compile(self, case: Case, device, backend: str):
-        import sparsegen
-
-        return sparsegen.compile(self.weight(case), n=case.n, dtype=case.dtype, options=dict(case.options),
-                                 arch=self.arch, backend=backend, device=device)
+        return compile_case(self.weight(case), case, self.arch, device, backend)
 
     def prepare(self, cases, device):
         """Submit the compile-ahead jobs: the cases grouped by weight and variant, in plan order. The
@@ -313,22 +310,26 @@ def case_weight(case: Case):
     return w if case.dtype == "float32" else as_dtype(w, case.dtype)
 
 
+def compile_case(w, case: Case, arch: str, device, backend: str):
+    """`sparsegen.compile` of the case's weight `w` as the case asks, for `arch` and `device`."""
+    import sparsegen
+
+    return sparsegen.compile(w, n=case.n, dtype=case.dtype, options=dict(case.options), arch=arch,
+                             backend=backend, device=device)
+
+
 def compile_ahead(cases: tuple, arch: str, device, cache: str, marks: str | None = None) -> None:
     """Worker side of GpuProbe: compile `cases` (one weight, one variant, every N) with backend
     "emulate" for `arch` and `device`, cubins too, into the cache folder `cache`, marking each case
     in `marks` as it is done, so that it is measured while the next compiles. A case that fails is
     left to the measuring process, which meets the error again and reports it."""
-    import sparsegen
-
     from .bench.prefetch import cache_dir, mark_done
 
     w = case_weight(cases[0])
     with cache_dir(cache):
         for case in cases:
             try:
-                kernel = sparsegen.compile(w, n=case.n, dtype=case.dtype, options=dict(case.options), arch=arch,
-                                           backend="emulate", device=device)
-                kernel.cubin  # noqa: B018 - nvcc, into the cubin cache
+                compile_case(w, case, arch, device, "emulate").cubin  # noqa: B018 - nvcc, into the cubin cache
             except Exception:  # noqa: BLE001, S110 - reported by the measuring process
                 pass
             if marks is not None:
@@ -546,7 +547,7 @@ def _provenance(notes: dict, base: Rates, timed: list) -> dict:
     out = {}
     for group in (f.name for f in dataclasses.fields(ratesfile.Values)):
         note = notes.get(group, "not measured in this run")
-        out[group] = {"source": f"sparsegen calibrate; what it did not measure is kept from {base.source}",
+        out[group] = {"source": f"sparsegen calibrate; what it did not measure is kept from {base.label}",
                       "inputs": inputs, "error": note}
     return out
 

@@ -189,6 +189,9 @@ def test_a_full_calibration_recovers_the_gpus_rates_and_selection_reads_them(tmp
     assert rates.csr_fp16.nonzeros_per_s == pytest.approx(9e10) and rates.csr_fp16.gather_bytes_per_s == pytest.approx(1.7e13)
     assert rates.device["name"] == "NVIDIA H200" and rates.measured["driver"] == 13000
     assert "every rate fitted" in rates.provenance["tiles"]["error"]
+    # the starting file named as shipped, not by this machine's path to it
+    assert rates.provenance["tiles"]["source"].endswith(f"kept from {cal.starting_rates(probe.props).label}")
+    assert "/" not in rates.provenance["tiles"]["source"]
     assert [line.split()[0] for line in lines][:4] == ["device", "copy", "launch", "cublas"]
     assert lines[-1].startswith("wrote") and str(path) in lines[-1]
     # the file serves the GPU it was measured on
